@@ -1,0 +1,392 @@
+"""Tests of pipelines.py on tiny data built in tmp_path. CPU-only DALI everywhere; the GPU tests at
+the end run where a CUDA device is visible (see README: they were run on an H200)."""
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from torchvision.datasets import ImageFolder
+
+from pipelines import (
+    IMAGENET_MEAN,
+    IMAGENET_STD,
+    ClassifyTrainPipeline,
+    ClassifyValPipeline,
+    DataError,
+    SegmentTrainPipeline,
+    SegmentValPipeline,
+    classify_iterator,
+    fetch_dali_loader,
+    segment_iterator,
+)
+
+MEAN = np.array(IMAGENET_MEAN, dtype=np.float32)
+STD = np.array(IMAGENET_STD, dtype=np.float32)
+# Unsorted, mixed-case names with a space: the order must still match torchvision's ImageFolder.
+CLASSES = ["zebra", "Apple", "b c"]
+PER_CLASS = 7  # 21 images: batch size 4 does not divide it
+NO_AUGMENT = dict(flip_p=0.0, noise_p=0.0, blur_p=0.0, brightness_p=0.0, contrast_p=0.0)
+gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+def solid_colour(cls, i):
+    """Every image gets its own colour, so its identity survives any crop, resize and flip."""
+    return (40 + 60 * cls, 10 + 20 * i, 128)
+
+
+@pytest.fixture
+def solid_folder(tmp_path):
+    root = tmp_path / "solid"
+    for c, name in enumerate(CLASSES):
+        (root / name).mkdir(parents=True)
+        for i in range(PER_CLASS):
+            size = (40 + 8 * i, 56 - 4 * c)
+            Image.new("RGB", size, solid_colour(c, i)).save(root / name / f"img{i}.png")
+    return root
+
+
+@pytest.fixture
+def texture_folder(tmp_path):
+    root = tmp_path / "texture"
+    rng = np.random.default_rng(0)
+    for name in CLASSES:
+        (root / name).mkdir(parents=True)
+        for i in range(4):
+            pixels = rng.integers(0, 256, size=(48, 64, 3), dtype=np.uint8)
+            Image.fromarray(pixels).save(root / name / f"t{i}.jpg", quality=90)
+    return root
+
+
+def unnormalize(images):
+    """(B, 3, H, W) normalized tensor -> (B, H, W, 3) float array on the 0..255 scale."""
+    return images.float().cpu().numpy().transpose(0, 2, 3, 1) * STD + MEAN
+
+
+def identities(images):
+    """(class, index) of each image of a batch of solid-colour images."""
+    colours = np.rint(unnormalize(images).mean(axis=(1, 2))).astype(int)
+    return [((r - 40) // 60, (g - 10) // 20) for r, g, _ in colours]
+
+
+def one_epoch(pipe):
+    seen, labels = [], []
+    for batch in classify_iterator(pipe):
+        seen += identities(batch[0]["data"])
+        labels += batch[0]["label"].squeeze(-1).tolist()
+    return seen, labels
+
+
+# ------------------------------------------------------------------------------------------
+# classification
+# ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype,torch_dtype,atol", [("float32", torch.float32, 1e-5), ("float16", torch.float16, 2e-3)])
+def test_train_solid_colour_gives_exact_normalized_constant(solid_folder, dtype, torch_dtype, atol):
+    pipe = ClassifyTrainPipeline(4, 2, None, str(solid_folder), crop_size=32, seed=1, dtype=dtype)
+    batch = next(iter(classify_iterator(pipe)))[0]
+    images, labels = batch["data"], batch["label"]
+    assert images.shape == (4, 3, 32, 32) and images.dtype == torch_dtype and images.device.type == "cpu"
+    assert labels.shape == (4, 1) and labels.dtype == torch.int32
+    for image, (c, i) in zip(images, identities(images)):
+        expected = (np.array(solid_colour(c, i), dtype=np.float32) - MEAN) / STD
+        np.testing.assert_allclose(image.float().numpy(), np.broadcast_to(expected[:, None, None], (3, 32, 32)),
+                                   atol=atol)
+
+
+def test_labels_are_imagefolder_class_indices(solid_folder):
+    class_to_idx = ImageFolder(str(solid_folder)).class_to_idx
+    assert class_to_idx == {"Apple": 0, "b c": 1, "zebra": 2}
+    pipe = ClassifyTrainPipeline(4, 2, None, str(solid_folder), crop_size=24, seed=3)
+    seen, labels = one_epoch(pipe)
+    for (c, _), label in zip(seen, labels):
+        assert label == class_to_idx[CLASSES[c]]
+    assert sorted(set(labels)) == [0, 1, 2]
+
+
+@pytest.mark.parametrize("pipeline", [ClassifyTrainPipeline, ClassifyValPipeline])
+def test_one_epoch_sees_every_file_once(solid_folder, pipeline):
+    pipe = pipeline(4, 2, None, str(solid_folder), crop_size=24, seed=5)
+    everything = sorted((c, i) for c in range(len(CLASSES)) for i in range(PER_CLASS))
+    for _ in range(2):  # auto_reset: the second epoch is complete too
+        seen, _ = one_epoch(pipe)
+        assert sorted(seen) == everything
+
+
+def test_two_shards_cover_the_dataset_once(solid_folder):
+    shards = [one_epoch(ClassifyTrainPipeline(4, 2, None, str(solid_folder), crop_size=24, shard_id=s,
+                                              num_shards=2, seed=5))[0] for s in range(2)]
+    assert not set(shards[0]) & set(shards[1])
+    assert sorted(shards[0] + shards[1]) == sorted((c, i) for c in range(len(CLASSES)) for i in range(PER_CLASS))
+    assert abs(len(shards[0]) - len(shards[1])) <= 1
+
+
+def test_same_seed_same_batches_other_seed_different(texture_folder):
+    def first_batches(seed):
+        it = classify_iterator(ClassifyTrainPipeline(4, 2, None, str(texture_folder), crop_size=32, seed=seed))
+        return [next(it)[0]["data"].clone() for _ in range(2)]
+
+    a, b, c = first_batches(11), first_batches(11), first_batches(12)
+    assert all(torch.equal(x, y) for x, y in zip(a, b))
+    assert not all(torch.equal(x, y) for x, y in zip(a, c))
+
+
+def test_val_center_crop_lands_in_the_center(tmp_path):
+    # 256 x 320 image whose pixels encode their position: R = row, G = column // 2.
+    rows, cols = np.meshgrid(np.arange(256), np.arange(320), indexing="ij")
+    pixels = np.stack([rows, cols // 2, np.full_like(rows, 77)], axis=-1).astype(np.uint8)
+    (tmp_path / "pos" / "only").mkdir(parents=True)
+    Image.fromarray(pixels).save(tmp_path / "pos" / "only" / "a.png")
+    pipe = ClassifyValPipeline(1, 1, None, str(tmp_path / "pos"), crop_size=224, resize_size=256)
+    image = unnormalize(next(iter(classify_iterator(pipe)))[0]["data"])[0]
+    assert image.shape == (224, 224, 3)
+    # the shorter side is already 256, so no resize: the crop starts at row 16, column 48
+    np.testing.assert_allclose(image, pixels[16:240, 48:272].astype(np.float32), atol=0.01)
+
+
+def test_val_resizes_shorter_side_before_the_crop(solid_folder):
+    pipe = ClassifyValPipeline(3, 1, None, str(solid_folder), crop_size=20, resize_size=24)
+    images = next(iter(classify_iterator(pipe)))[0]["data"]
+    assert images.shape == (3, 3, 20, 20)
+
+
+def test_file_list(tmp_path, solid_folder):
+    listing = tmp_path / "list.txt"
+    listing.write_text("zebra/img0.png 5\nApple/img3.png 9\n")
+    pipe = ClassifyValPipeline(2, 1, None, str(solid_folder), crop_size=16, file_list=str(listing))
+    batch = next(iter(classify_iterator(pipe)))[0]
+    assert batch["label"].squeeze(-1).tolist() == [5, 9]
+    assert identities(batch["data"]) == [(0, 0), (1, 3)]
+
+
+# ------------------------------------------------------------------------------------------
+# segmentation
+# ------------------------------------------------------------------------------------------
+
+SEG_H, SEG_W, SEG_N = 24, 40, 10
+
+
+def seg_mask(k):
+    """An asymmetric mask of classes 0, 1, 2 that differs per sample: flips and mix-ups show."""
+    mask = np.zeros((SEG_H, SEG_W, 1), np.uint8)
+    mask[2 + k % 5:12, 3:6 + 2 * k] = 1
+    mask[14:20, 25 + k % 7:38] = 2
+    return mask
+
+
+@pytest.fixture
+def seg_files(tmp_path):
+    imgs, lbls = [], []
+    for k in range(SEG_N):
+        mask = seg_mask(k)
+        # channel 0 encodes the mask, so image/mask alignment can be read back from the image
+        image = np.stack([mask[..., 0] * 100, np.full((SEG_H, SEG_W), 10 * k), np.full((SEG_H, SEG_W), 50)], -1)
+        (tmp_path / "images").mkdir(exist_ok=True)
+        (tmp_path / "masks").mkdir(exist_ok=True)
+        imgs.append(str(tmp_path / "images" / f"s{k}.npy"))
+        lbls.append(str(tmp_path / "masks" / f"s{k}.npy"))
+        np.save(imgs[-1], image.astype(np.uint8))
+        np.save(lbls[-1], mask)
+    return imgs, lbls
+
+
+def seg_epoch(loader):
+    images, masks = [], []
+    for batch in loader:
+        images.append(batch[0]["image"])
+        masks.append(batch[0]["mask"])
+    return torch.cat(images), torch.cat(masks)
+
+
+def test_segment_val_shapes_and_values(seg_files):
+    images, masks = seg_epoch(fetch_dali_loader(*seg_files, batch_size=4, mode="eval", size=(SEG_H, SEG_W)))
+    assert images.shape == (SEG_N, 3, SEG_H, SEG_W) and images.dtype == torch.float32
+    assert masks.shape == (SEG_N, 1, SEG_H, SEG_W) and masks.dtype == torch.uint8
+    for k in range(SEG_N):  # no shuffle: file order
+        np.testing.assert_array_equal(masks[k].numpy().transpose(1, 2, 0), seg_mask(k))
+        raw = unnormalize(images[k:k + 1])[0]
+        np.testing.assert_allclose(raw[..., 1], 10 * k, atol=1e-3)
+        np.testing.assert_allclose(raw[..., 0], seg_mask(k)[..., 0] * 100.0, atol=1e-3)
+
+
+def test_segment_train_flips_keep_image_and_mask_aligned(seg_files):
+    aug = dict(NO_AUGMENT, flip_p=0.5)
+    loader = fetch_dali_loader(*seg_files, batch_size=3, mode="train", size=(SEG_H, SEG_W), seed=3, **aug)
+    flipped = 0
+    for _ in range(3):
+        images, masks = seg_epoch(loader)
+        assert images.shape == (SEG_N, 3, SEG_H, SEG_W)
+        raw = unnormalize(images)
+        ids = np.rint(raw[:, 0, 0, 1] / 10).astype(int)
+        assert sorted(ids.tolist()) == list(range(SEG_N))  # every sample once per epoch
+        for k, image, mask in zip(ids, raw, masks.numpy()):
+            np.testing.assert_allclose(image[..., 0], mask[0] * 100.0, atol=1e-3)  # aligned
+            flipped += not np.array_equal(mask[0], seg_mask(k)[..., 0])
+            # a flip moves pixels, never changes what the mask holds
+            assert np.array_equal(np.sort(mask.ravel()), np.sort(seg_mask(k).ravel()))
+    assert flipped > 0
+
+
+def test_segment_masks_keep_class_values_under_all_augmentations(seg_files):
+    aug = dict(flip_p=0.5, noise_p=1.0, blur_p=1.0, brightness_p=1.0, contrast_p=1.0)
+    images, masks = seg_epoch(fetch_dali_loader(*seg_files, batch_size=4, mode="train", size=(37, 53), **aug))
+    assert images.shape == (SEG_N, 3, 37, 53) and masks.shape == (SEG_N, 1, 37, 53)
+    assert masks.dtype == torch.uint8
+    assert set(masks.unique().tolist()) == {0, 1, 2}
+
+
+@pytest.mark.parametrize("augmentation", ["noise_p", "blur_p", "brightness_p", "contrast_p"])
+def test_each_photometric_augmentation_changes_image_not_mask(seg_files, augmentation):
+    def run(**aug):
+        return seg_epoch(fetch_dali_loader(*seg_files, batch_size=SEG_N, mode="train", size=(SEG_H, SEG_W),
+                                           seed=9, **aug))
+
+    base_images, base_masks = run(**NO_AUGMENT)
+    images, masks = run(**dict(NO_AUGMENT, **{augmentation: 1.0}))
+    assert torch.equal(masks, base_masks)
+    assert (images - base_images).abs().amax(dim=(1, 2, 3)).min() > 1e-3  # every sample changed
+    assert torch.isfinite(images).all()
+
+
+def test_contrast_stays_within_the_image_range(seg_files):
+    base, _ = seg_epoch(fetch_dali_loader(*seg_files, batch_size=SEG_N, mode="train", size=(SEG_H, SEG_W),
+                                          **NO_AUGMENT))
+    aug = dict(NO_AUGMENT, contrast_p=1.0)
+    images, _ = seg_epoch(fetch_dali_loader(*seg_files, batch_size=SEG_N, mode="train", size=(SEG_H, SEG_W), **aug))
+    for a, b in zip(base, images):
+        assert b.min() >= a.min() - 1e-5 and b.max() <= a.max() + 1e-5
+
+
+def test_segment_two_shards_cover_the_dataset_once(seg_files):
+    seen = []
+    for shard in range(2):
+        images, _ = seg_epoch(fetch_dali_loader(*seg_files, batch_size=3, mode="train", size=(SEG_H, SEG_W),
+                                                shard_id=shard, num_shards=2, **NO_AUGMENT))
+        seen.append(np.rint(unnormalize(images)[:, 0, 0, 1] / 10).astype(int).tolist())
+    assert not set(seen[0]) & set(seen[1])
+    assert sorted(seen[0] + seen[1]) == list(range(SEG_N))
+
+
+# ------------------------------------------------------------------------------------------
+# bad input
+# ------------------------------------------------------------------------------------------
+
+
+def test_missing_data_dir(tmp_path):
+    with pytest.raises(DataError, match=str(tmp_path / "nope")):
+        ClassifyTrainPipeline(2, 1, None, str(tmp_path / "nope"))
+
+
+def test_no_class_folders(tmp_path):
+    (tmp_path / "flat").mkdir()
+    Image.new("RGB", (8, 8)).save(tmp_path / "flat" / "a.png")
+    with pytest.raises(DataError, match=f"{tmp_path / 'flat'}: no class folders"):
+        ClassifyValPipeline(2, 1, None, str(tmp_path / "flat"))
+
+
+def test_class_folder_without_images(tmp_path, solid_folder):
+    (solid_folder / "empty").mkdir()
+    (solid_folder / "empty" / "notes.txt").write_text("not an image")
+    with pytest.raises(DataError, match=f"{solid_folder / 'empty'}: no images"):
+        ClassifyTrainPipeline(2, 1, None, str(solid_folder))
+
+
+def test_missing_file_list(tmp_path, solid_folder):
+    with pytest.raises(DataError, match=str(tmp_path / "list.txt")):
+        ClassifyTrainPipeline(2, 1, None, str(solid_folder), file_list=str(tmp_path / "list.txt"))
+
+
+def test_image_and_mask_lists_of_different_length(seg_files):
+    imgs, lbls = seg_files
+    with pytest.raises(DataError, match=f"got {SEG_N} images but {SEG_N - 1} masks.*{imgs[0]}"):
+        fetch_dali_loader(imgs, lbls[:-1], batch_size=2, mode="train")
+
+
+def test_empty_image_list():
+    with pytest.raises(DataError, match="empty list of images"):
+        fetch_dali_loader([], [], batch_size=2, mode="eval")
+
+
+def test_unpaired_names(seg_files):
+    imgs, lbls = seg_files
+    lbls = lbls[1:] + lbls[:1]
+    with pytest.raises(DataError, match=f"{imgs[0]} and {lbls[0]} do not pair"):
+        SegmentValPipeline(2, 1, None, imgs, lbls)
+
+
+def test_mask_size_differs_from_image(seg_files):
+    imgs, lbls = seg_files
+    np.save(lbls[4], np.zeros((SEG_H, SEG_W - 1, 1), np.uint8))
+    with pytest.raises(DataError, match=f"{lbls[4]}: mask is {SEG_H}x{SEG_W - 1} but its image"):
+        SegmentTrainPipeline(2, 1, None, imgs, lbls)
+
+
+def test_missing_mask_file(seg_files):
+    imgs, lbls = seg_files
+    lbls[2] = lbls[2].replace("s2", "gone/s2")
+    with pytest.raises(DataError, match=f"{lbls[2]}: no such file"):
+        SegmentValPipeline(2, 1, None, imgs, lbls)
+
+
+def test_mask_without_channel_axis(seg_files):
+    imgs, lbls = seg_files
+    np.save(lbls[0], np.zeros((SEG_H, SEG_W), np.uint8))
+    with pytest.raises(DataError, match=rf"{lbls[0]}: expected a mask of shape \(H, W, 1\)"):
+        SegmentValPipeline(2, 1, None, imgs, lbls)
+
+
+def test_unknown_mode(seg_files):
+    with pytest.raises(ValueError, match="mode must be one of"):
+        fetch_dali_loader(*seg_files, batch_size=2, mode="test")
+
+
+# ------------------------------------------------------------------------------------------
+# GPU
+# ------------------------------------------------------------------------------------------
+
+
+@gpu
+def test_gpu_mixed_decode_train(texture_folder):
+    pipe = ClassifyTrainPipeline(4, 2, 0, str(texture_folder), crop_size=32, seed=1, dtype="float16")
+    seen = 0
+    for batch in classify_iterator(pipe):
+        images = batch[0]["data"]
+        assert images.device.type == "cuda" and images.dtype == torch.float16 and images.shape[1:] == (3, 32, 32)
+        seen += images.shape[0]
+    assert seen == 4 * len(CLASSES)
+
+
+# nvJPEG and libjpeg-turbo may round an IDCT differently, so GPU and CPU agree to within a few
+# 8-bit levels per pixel, and to well under one level on average.
+LEVEL = 1 / (min(IMAGENET_STD))
+
+
+@gpu
+def test_gpu_and_cpu_val_outputs_match(texture_folder):
+    out = {}
+    for device_id in (None, 0):
+        batch = next(iter(classify_iterator(ClassifyValPipeline(12, 2, device_id, str(texture_folder),
+                                                                crop_size=40, resize_size=44))))[0]
+        out[device_id] = (batch["data"].cpu(), batch["label"].cpu())
+    diff = (out[None][0] - out[0][0]).abs()
+    assert torch.equal(out[None][1], out[0][1])
+    assert diff.mean() < 0.5 * LEVEL and diff.max() < 8 * LEVEL
+
+
+@gpu
+def test_gpu_and_cpu_segmentation_val_match(seg_files):
+    cpu_images, cpu_masks = seg_epoch(fetch_dali_loader(*seg_files, batch_size=4, mode="eval", size=(32, 48)))
+    gpu_images, gpu_masks = seg_epoch(fetch_dali_loader(*seg_files, batch_size=4, mode="eval", size=(32, 48),
+                                                        device_id=0))
+    assert gpu_images.device.type == "cuda"
+    assert torch.equal(cpu_masks, gpu_masks.cpu())
+    assert (cpu_images - gpu_images.cpu()).abs().max() < 1e-3
+
+
+@gpu
+def test_gpu_segmentation_train_alignment(seg_files):
+    loader = fetch_dali_loader(*seg_files, batch_size=4, mode="train", size=(SEG_H, SEG_W), device_id=0,
+                               **dict(NO_AUGMENT, flip_p=0.5))
+    images, masks = seg_epoch(loader)
+    raw = unnormalize(images)
+    np.testing.assert_allclose(raw[..., 0], masks[:, 0].cpu().numpy() * 100.0, atol=1e-3)
