@@ -106,11 +106,11 @@ class _ClassifyPipeline(Pipeline):
                 raise DataError(f"{file_list}: no such file (expected lines '<path relative to data_dir> <label>')")
             source = dict(file_root=data_dir, file_list=file_list)
             with open(file_list) as f:
-                self.num_samples = sum(1 for line in f if line.strip())
+                self.files = [os.path.join(data_dir, line.rsplit(maxsplit=1)[0]) for line in f if line.strip()]
+            self.classes = None
         else:
-            files, labels, self.classes = list_image_folder(data_dir)
-            source = dict(files=files, labels=labels)
-            self.num_samples = len(files)
+            self.files, labels, self.classes = list_image_folder(data_dir)
+            source = dict(files=self.files, labels=labels)
         # pad_last_batch: every shard returns the same number of batches (DDP needs equal step
         # counts); the iterator drops the padding, so one epoch is exactly one pass.
         self.reader = ops.readers.File(**source, shard_id=shard_id, num_shards=num_shards,
@@ -251,7 +251,6 @@ class SegmentValPipeline(Pipeline):
         super().__init__(batch_size, num_threads, device_id, seed=seed, prefetch_queue_depth=prefetch_queue_depth)
         if check_files:
             check_segmentation_files(imgs, lbls)
-        self.num_samples = len(imgs)
         self.on_gpu = device_id is not None
         device = "gpu" if self.on_gpu else "cpu"
         # Both readers get the same seed, shuffle and sharding, so they stay in lock-step.

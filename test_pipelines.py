@@ -17,7 +17,6 @@ from pipelines import (
     SegmentValPipeline,
     classify_iterator,
     fetch_dali_loader,
-    segment_iterator,
 )
 
 MEAN = np.array(IMAGENET_MEAN, dtype=np.float32)
