@@ -1,0 +1,441 @@
+"""Segmentation data preparation: PNG image/mask pairs -> ``.npy`` pairs and a train/valid split.
+
+A PNG root holds ``Images/<group>/<name>.png`` and ``Masks/<group>/<name>.png``; an image and
+its mask pair by name within a group (groups are subfolders such as 1..4). Converting it writes
+a prepared root, the input of ``pipelines.fetch_dali_loader``:
+
+    DST/Images/<group>/<name>.npy   (H, W, 3) uint8 RGB (RGBA and greyscale images become RGB)
+    DST/Masks/<group>/<name>.npy    (H, W, 1) uint8 class indices
+    DST/csv_file/train.csv          index,images,masks  (paths relative to DST)
+    DST/csv_file/valid.csv
+
+Masks: a palette PNG (mode P) gives its palette indices as classes. A greyscale PNG (or an RGB
+one with R == G == B everywhere) whose values are all in {0, 255} is binary and becomes 0/1;
+any other greyscale values are kept as class indices. A colour RGB mask is an error: save it as
+a palette or class-index PNG, so that classes are indices and not colours.
+
+Re-running is safe: a ``.npy`` that is complete and newer than its PNG is kept, any other is
+rewritten, and a CSV is rewritten only when its text changes. Every file is written to a
+temporary name in its folder and then renamed, so an interrupted run leaves no half-written
+``.npy`` or ``.csv`` under the final name. The CSVs come last (and are removed before any
+``.npy`` changes), so a root with both ``csv_file/train.csv`` and ``csv_file/valid.csv`` is
+complete.
+
+    python data_processing.py data/nails_png data/nails                  # convert + split
+    python data_processing.py data/nails_png data/nails --valid-fraction 0.25 --seed 1
+    python data_processing.py --demo data/demo_png                       # write the demo PNG set
+    python data_processing.py --demo data/demo_png data/demo             # ... and convert + split it
+
+    from data_processing import prepare, read_split
+    root = prepare("data/demo_png")       # a PNG root is prepared into data/demo_png/npy
+    imgs, lbls = read_split(root, "train")
+
+Bad input raises ``pipelines.DataError`` naming the offending path; on the command line it is
+printed as ``error: <message>`` and the exit status is 2.
+"""
+
+import argparse
+import csv
+import io
+import os
+import random
+import sys
+from collections import defaultdict
+
+import numpy as np
+from PIL import Image, ImageDraw, ImageFilter
+
+from pipelines import DataError
+
+SPLITS = ("train", "valid")
+CSV_HEADER = ["index", "images", "masks"]
+# Where prepare() puts the .npy pairs of a PNG root: inside it, so no write access to its
+# parent is needed and the data stays together.
+PREPARED_SUBDIR = "npy"
+
+# Demo defaults: 160 pairs of 256x256 are quick to write and to convert on a CPU, and a small
+# network trained at 64x64 or 128x128 separates these nails from skin within about a minute.
+DEMO_PER_GROUP = 40
+DEMO_GROUPS = 4
+DEMO_SIZE = (256, 256)
+SKIN_TONES = [(241, 194, 167), (224, 172, 140), (198, 134, 102), (160, 105, 75), (250, 214, 185)]
+NAIL_COLOURS = [(232, 118, 150), (250, 165, 185), (205, 35, 60), (150, 15, 35), (222, 188, 160),
+                (243, 203, 192), (120, 25, 60)]
+
+
+# ------------------------------------------------------------------------------------------
+# files
+# ------------------------------------------------------------------------------------------
+
+
+def _list_files(folder, ext):
+    """{(group, stem): path} of the files ending in ``ext`` under ``folder``; group is the subfolder."""
+    found = {}
+    for dirpath, dirnames, names in os.walk(folder, followlinks=True):
+        dirnames.sort()
+        group = os.path.relpath(dirpath, folder).replace(os.sep, "/")
+        group = "" if group == "." else group
+        for name in sorted(names):
+            stem, name_ext = os.path.splitext(name)
+            # Hidden files are skipped: macOS "._<name>.png" resource forks are not images, and
+            # our own temporary files start with a dot.
+            if name_ext.lower() != ext or name.startswith("."):
+                continue
+            path = os.path.join(dirpath, name)
+            if (group, stem) in found:
+                raise DataError(f"{path}: same name as {found[group, stem]} (names must be unique within a group)")
+            found[group, stem] = path
+    return found
+
+
+def _find_pairs(root, ext):
+    """Sorted (group, stem, image path, mask path) of ``root/Images`` and ``root/Masks``."""
+    files = {}
+    for kind in ("Images", "Masks"):
+        folder = os.path.join(root, kind)
+        if not os.path.isdir(folder):
+            raise DataError(f"{folder}: no such directory (expected {folder}/<group>/<name>{ext})")
+        files[kind] = _list_files(folder, ext)
+        if not files[kind]:
+            raise DataError(f"{folder}: no {ext} files in it (expected {folder}/<group>/<name>{ext})")
+    for kind, other, role in (("Images", "Masks", "image has no mask"), ("Masks", "Images", "mask has no image")):
+        for group, stem in sorted(files[kind].keys() - files[other].keys()):
+            expected = os.path.join(root, other, group, stem + ext)
+            raise DataError(f"{files[kind][group, stem]}: {role} (expected {expected})")
+    return [(group, stem, files["Images"][group, stem], files["Masks"][group, stem])
+            for group, stem in sorted(files["Images"])]
+
+
+def _write_atomic(path, data):
+    """Write ``data`` to ``path`` through a temporary file in the same folder and a rename.
+
+    The rename is atomic, so ``path`` holds either its old content or all of ``data``, never a
+    part, whenever the process is stopped.
+    """
+    folder, name = os.path.split(path)
+    os.makedirs(folder or ".", exist_ok=True)
+    tmp = os.path.join(folder, f".{name}.{os.getpid()}.partial")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+
+
+def _write_if_changed(path, data):
+    """``_write_atomic`` unless ``path`` already holds ``data``; True when it wrote."""
+    try:
+        with open(path, "rb") as f:
+            if f.read() == data:
+                return False
+    except FileNotFoundError:
+        pass
+    _write_atomic(path, data)
+    return True
+
+
+def _npy_bytes(array):
+    buffer = io.BytesIO()
+    np.save(buffer, array)
+    return buffer.getvalue()
+
+
+# ------------------------------------------------------------------------------------------
+# PNG -> npy
+# ------------------------------------------------------------------------------------------
+
+
+def _png_size(path):
+    """(height, width) from the PNG header, without decoding the pixels."""
+    try:
+        with Image.open(path) as img:
+            return img.height, img.width
+    except (OSError, SyntaxError, ValueError) as e:
+        raise DataError(f"{path}: not a readable PNG ({e})") from None
+
+
+def _load_png(path):
+    try:
+        with Image.open(path) as img:
+            img.load()
+            return img
+    except (OSError, SyntaxError, ValueError) as e:
+        raise DataError(f"{path}: not a readable PNG ({e})") from None
+
+
+def _image_array(path):
+    """(H, W, 3) uint8 RGB; alpha is dropped, greyscale and palette images are expanded."""
+    return np.asarray(_load_png(path).convert("RGB"))
+
+
+def _mask_array(path):
+    """(H, W, 1) uint8 class indices, by the rules of the module docstring."""
+    img = _load_png(path)
+    if img.mode == "P":
+        return np.asarray(img)[..., None]
+    if img.mode in ("RGB", "RGBA"):
+        rgb = np.asarray(img)[..., :3]
+        if not ((rgb[..., 0] == rgb[..., 1]).all() and (rgb[..., 1] == rgb[..., 2]).all()):
+            raise DataError(f"{path}: colour RGB mask (R, G, B differ); save it as a palette (mode P) or "
+                            f"greyscale class-index PNG, so that each class is an index, not a colour")
+        values = rgb[..., 0]
+    elif img.mode in ("1", "LA"):
+        values = np.asarray(img.convert("L"))
+    elif img.mode in ("L", "I", "I;16"):
+        values = np.asarray(img)
+    else:
+        raise DataError(f"{path}: mask of PNG mode {img.mode} (expected greyscale L, palette P, or RGB with R == G == B)")
+    present = np.unique(values)
+    if set(present.tolist()) <= {0, 255}:
+        values = values == 255
+    elif present[0] < 0 or present[-1] > 255:
+        raise DataError(f"{path}: mask values {present[0]}..{present[-1]} do not fit uint8 class indices (expected 0..255)")
+    return values.astype(np.uint8)[..., None]
+
+
+def _is_current(npy, png, shape):
+    """Whether ``npy`` is newer than ``png`` and a complete uint8 array of ``shape``."""
+    try:
+        if os.stat(npy).st_mtime_ns < os.stat(png).st_mtime_ns:
+            return False
+        # The memory map checks that the file holds all the data its header announces.
+        array = np.load(npy, mmap_mode="r")
+    except (OSError, ValueError, EOFError):
+        return False
+    return array.shape == shape and array.dtype == np.uint8
+
+
+def png2numpy(src_root, dst_root):
+    """Convert the PNG pairs of ``src_root`` into ``.npy`` pairs under ``dst_root``; returns the
+    number of ``.npy`` files written (0 when everything was up to date)."""
+    todo = []
+    for group, stem, image_png, mask_png in _find_pairs(src_root, ".png"):
+        image_size, mask_size = _png_size(image_png), _png_size(mask_png)
+        if image_size != mask_size:
+            raise DataError(f"{mask_png}: mask is {mask_size[0]}x{mask_size[1]} but its image {image_png} is "
+                            f"{image_size[0]}x{image_size[1]} (height x width must match)")
+        for kind, png, to_array, channels in (("Images", image_png, _image_array, 3),
+                                               ("Masks", mask_png, _mask_array, 1)):
+            npy = os.path.join(dst_root, kind, group, stem + ".npy")
+            if not _is_current(npy, png, (*image_size, channels)):
+                todo.append((png, npy, to_array))
+    if todo:
+        # The split marks a complete root, so it goes before any .npy changes.
+        for split in SPLITS:
+            csv_path = os.path.join(dst_root, "csv_file", f"{split}.csv")
+            if os.path.exists(csv_path):
+                os.remove(csv_path)
+    for png, npy, to_array in todo:
+        _write_atomic(npy, _npy_bytes(to_array(png)))
+    return len(todo)
+
+
+# ------------------------------------------------------------------------------------------
+# train/valid split
+# ------------------------------------------------------------------------------------------
+
+
+def make_csv_file_npy(dst_root, valid_fraction=0.2, seed=42):
+    """Write ``dst_root/csv_file/{train,valid}.csv`` from the ``.npy`` pairs under ``dst_root``.
+
+    Each group is split on its own: round(valid_fraction * n) of its n pairs (Python's round,
+    ties to even) go to valid, at least 1 and at most n - 1 when n >= 2 (a group of one pair
+    goes to train). Rows are sorted by group, then name. Returns {group: (n_train, n_valid)}.
+    """
+    if not 0 < valid_fraction < 1:
+        raise ValueError(f"valid_fraction must be between 0 and 1 (exclusive), got {valid_fraction}")
+    groups = defaultdict(list)
+    for group, _, image, mask in _find_pairs(dst_root, ".npy"):
+        groups[group].append(tuple(os.path.relpath(p, dst_root).replace(os.sep, "/") for p in (image, mask)))
+    rows = {split: [] for split in SPLITS}
+    counts = {}
+    for group, pairs in groups.items():
+        n = len(pairs)
+        n_valid = min(max(round(valid_fraction * n), 1), n - 1) if n >= 2 else 0
+        # Seeded per group, so adding or removing a group leaves the split of the others as it was.
+        valid = set(random.Random(f"{seed}/{group}").sample(range(n), n_valid))
+        for k, pair in enumerate(pairs):
+            rows["valid" if k in valid else "train"].append(pair)
+        counts[group] = (n - n_valid, n_valid)
+    for split in SPLITS:
+        text = io.StringIO()
+        writer = csv.writer(text, lineterminator="\n")
+        writer.writerow(CSV_HEADER)
+        writer.writerows((i, image, mask) for i, (image, mask) in enumerate(rows[split]))
+        _write_if_changed(os.path.join(dst_root, "csv_file", f"{split}.csv"), text.getvalue().encode())
+    return counts
+
+
+def read_split(prepared_root, split):
+    """(images, masks): absolute ``.npy`` paths of ``prepared_root/csv_file/<split>.csv``."""
+    path = os.path.join(prepared_root, "csv_file", f"{split}.csv")
+    if not os.path.isfile(path):
+        raise DataError(f"{path}: no such file (expected a split written by make_csv_file_npy)")
+    imgs, lbls = [], []
+    with open(path, newline="") as f:
+        reader = csv.reader(f)
+        header = next(reader, None)
+        if header != CSV_HEADER:
+            raise DataError(f"{path}: header is {header}, expected {','.join(CSV_HEADER)}")
+        for row in reader:
+            if len(row) != 3:
+                raise DataError(f"{path} line {reader.line_num}: expected 3 columns ({','.join(CSV_HEADER)}), got {row}")
+            image, mask = (os.path.abspath(os.path.join(prepared_root, rel)) for rel in row[1:])
+            for file in (image, mask):
+                if not os.path.isfile(file):
+                    raise DataError(f"{path} row index {row[0]}: {file}: no such file")
+            imgs.append(image)
+            lbls.append(mask)
+    return imgs, lbls
+
+
+def prepare(root, valid_fraction=0.2, seed=42):
+    """The prepared root for ``root``, which is one of:
+
+    - a prepared root (has ``csv_file/train.csv`` and ``csv_file/valid.csv``): returned as is;
+    - a PNG root (has ``Images/`` and ``Masks/``): converted and split into ``root/npy``, which
+      is returned. Running it again only redoes what changed.
+    """
+    if all(os.path.isfile(os.path.join(root, "csv_file", f"{split}.csv")) for split in SPLITS):
+        return root
+    if not any(os.path.isdir(os.path.join(root, kind)) for kind in ("Images", "Masks")):
+        raise DataError(f"{root}: neither a prepared root (csv_file/train.csv, csv_file/valid.csv) "
+                        f"nor a PNG root (Images/<group>/<name>.png, Masks/<group>/<name>.png)")
+    prepared = os.path.join(root, PREPARED_SUBDIR)
+    png2numpy(root, prepared)
+    make_csv_file_npy(prepared, valid_fraction, seed)
+    return prepared
+
+
+# ------------------------------------------------------------------------------------------
+# demo data
+# ------------------------------------------------------------------------------------------
+
+
+def _superellipse(centre, a, b, angle, power, points=48):
+    """Outline of |x/a|^p + |y/b|^p = 1 rotated by ``angle``: p=2 an ellipse, p>=4 a rounded rectangle."""
+    t = np.linspace(0, 2 * np.pi, points, endpoint=False)
+    x = a * np.sign(np.cos(t)) * np.abs(np.cos(t)) ** (2 / power)
+    y = b * np.sign(np.sin(t)) * np.abs(np.sin(t)) ** (2 / power)
+    c, s = np.cos(angle), np.sin(angle)
+    return list(zip((centre[0] + x * c - y * s).tolist(), (centre[1] + x * s + y * c).tolist()))
+
+
+def _colour(rgb):
+    return tuple(int(v) for v in np.clip(rgb, 0, 255))
+
+
+def _demo_scene(rng, height, width):
+    """(RGB image, L mask 0/255): fingers on textured skin, a glossy painted nail at each tip."""
+    side = min(height, width)
+    tone = np.array(SKIN_TONES[rng.integers(len(SKIN_TONES))], float) + rng.normal(0, 8, 3)
+    blotches = rng.uniform(0.85, 1.15, (6, 6)).astype(np.float32)
+    smooth = np.asarray(Image.fromarray(blotches).resize((width, height), Image.BICUBIC))
+    yy, xx = np.mgrid[0:height, 0:width] / side
+    light = rng.uniform(0, 2 * np.pi)
+    gradient = 1 + rng.uniform(0.1, 0.3) * (np.cos(light) * xx + np.sin(light) * yy - 0.5)
+    skin = tone * (smooth * gradient)[..., None] + rng.normal(0, 4, (height, width, 3))
+    image = Image.fromarray(np.clip(skin, 0, 255).astype(np.uint8))
+    mask = Image.new("L", (width, height), 0)
+    gloss = Image.new("L", (width, height), 0)
+    draw, draw_mask, draw_gloss = ImageDraw.Draw(image), ImageDraw.Draw(mask), ImageDraw.Draw(gloss)
+
+    def paint(outline, fill, is_nail):
+        # Whatever a later shape covers is no longer nail, in the mask and in the gloss.
+        draw.polygon(outline, fill=_colour(fill))
+        draw_mask.polygon(outline, fill=255 if is_nail else 0)
+        draw_gloss.polygon(outline, fill=0)
+
+    for _ in range(rng.integers(1, 5)):
+        finger_width = rng.uniform(0.10, 0.18) * side
+        finger_length = rng.uniform(0.5, 1.0) * side
+        angle = rng.uniform(0, 2 * np.pi)
+        along = np.array([np.cos(angle), np.sin(angle)])
+        across = np.array([-along[1], along[0]])
+        # The tip stays inside the frame, so every nail (and the last one uncovered) is visible.
+        tip = rng.uniform(0.15, 0.85, 2) * (width, height)
+        finger = tip - along * finger_length / 2
+        finger_tone = tone * rng.uniform(0.85, 1.1)
+        # A shadow gives edges that are not nails, so the shape alone does not give nails away.
+        shadow = finger + across * rng.uniform(-0.15, 0.15) * finger_width + 0.05 * finger_width
+        paint(_superellipse(shadow, finger_length / 2, finger_width / 2, angle, 3), finger_tone * 0.7, False)
+        paint(_superellipse(finger, finger_length / 2, finger_width / 2, angle, 3), finger_tone, False)
+        nail_length, nail_width = finger_width * rng.uniform(0.8, 1.2), finger_width * rng.uniform(0.6, 0.8)
+        nail = tip - along * (nail_length / 2 + 0.08 * finger_width)
+        nail_angle = angle + rng.normal(0, 0.1)
+        nail_colour = np.array(NAIL_COLOURS[rng.integers(len(NAIL_COLOURS))]) + rng.normal(0, 12, 3)
+        paint(_superellipse(nail, nail_length / 2, nail_width / 2, nail_angle, rng.uniform(2, 5)), nail_colour, True)
+        streak = nail + across * nail_width * rng.uniform(-0.25, 0.25)
+        draw_gloss.polygon(_superellipse(streak, nail_length * 0.3, nail_width * 0.1, nail_angle, 2),
+                           fill=int(rng.integers(90, 170)))
+    gloss = gloss.filter(ImageFilter.GaussianBlur(side / 150))
+    image = Image.composite(Image.new("RGB", image.size, (255, 255, 255)), image, gloss)
+    return image.filter(ImageFilter.GaussianBlur(0.6)), mask
+
+
+def make_demo_pngs(root, n_per_group=DEMO_PER_GROUP, groups=DEMO_GROUPS, size=DEMO_SIZE, seed=0):
+    """Write a synthetic nail-segmentation PNG root: ``root/{Images,Masks}/<1..groups>/<000..>.png``.
+
+    Images are RGB of ``size`` (height, width); masks are binary 0/255 greyscale PNGs of the
+    nails. The same arguments give byte-identical files, and a file that already holds them is
+    not rewritten. Returns the number of PNG files written. Files of an earlier, larger demo
+    set in ``root`` are left alone.
+    """
+    written = 0
+    for group in range(1, groups + 1):
+        for i in range(n_per_group):
+            # One generator per image: each scene depends only on (seed, group, i).
+            image, mask = _demo_scene(np.random.default_rng([seed, group, i]), *size)
+            for kind, picture in (("Images", image), ("Masks", mask)):
+                buffer = io.BytesIO()
+                # zlib level 1: a third of the default's encoding time for a fifth more bytes.
+                picture.save(buffer, "PNG", compress_level=1)
+                written += _write_if_changed(os.path.join(root, kind, str(group), f"{i:03d}.png"), buffer.getvalue())
+    return written
+
+
+# ------------------------------------------------------------------------------------------
+# command line
+# ------------------------------------------------------------------------------------------
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description="Convert PNG image/mask pairs to .npy pairs and a train/valid split.")
+    parser.add_argument("src", metavar="SRC", help="PNG root: SRC/Images/<group>/<name>.png, SRC/Masks/<group>/<name>.png")
+    parser.add_argument("dst", metavar="DST", nargs="?",
+                        help="prepared root to write (Images/, Masks/, csv_file/); may be left out with --demo")
+    parser.add_argument("--valid-fraction", type=float, default=0.2,
+                        help="share of each group's pairs that goes to valid.csv (default: %(default)s)")
+    parser.add_argument("--seed", type=int, default=42, help="seed of the train/valid split (default: %(default)s)")
+    parser.add_argument("--demo", action="store_true", help="first write the synthetic demo PNG set into SRC")
+    parser.add_argument("--demo-per-group", type=int, default=DEMO_PER_GROUP,
+                        help=f"demo pairs in each of its {DEMO_GROUPS} groups (default: %(default)s)")
+    parser.add_argument("--demo-size", type=int, default=DEMO_SIZE[0],
+                        help="side of the square demo images in pixels (default: %(default)s)")
+    args = parser.parse_args(argv)
+    if args.dst is None and not args.demo:
+        parser.error("DST is required unless --demo is given")
+    if not 0 < args.valid_fraction < 1:
+        parser.error(f"--valid-fraction must be between 0 and 1 (exclusive), got {args.valid_fraction}")
+    try:
+        if args.demo:
+            written = make_demo_pngs(args.src, args.demo_per_group, size=(args.demo_size, args.demo_size))
+            print(f"{args.src}: demo set of {DEMO_GROUPS} groups x {args.demo_per_group} pairs at "
+                  f"{args.demo_size}x{args.demo_size} ({written} PNG files written)")
+        if args.dst is not None:
+            written = png2numpy(args.src, args.dst)
+            counts = make_csv_file_npy(args.dst, args.valid_fraction, args.seed)
+            n_train, n_valid = (sum(c[k] for c in counts.values()) for k in (0, 1))
+            groups = ", ".join(f"{g or '.'}: {t}+{v}" for g, (t, v) in counts.items())
+            print(f"{args.dst}: {n_train + n_valid} pairs, train {n_train}, valid {n_valid} "
+                  f"(per group train+valid: {groups}); {written} .npy files written")
+    except (DataError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()
