@@ -15,7 +15,6 @@ val top-1/top-5; metrics.jsonl, checkpoint.pth and best.pth go to --output-dir.
 import argparse
 import difflib
 import os
-import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -114,10 +113,7 @@ def make_demo_images(root, train_per_class=120, val_per_class=30, seed=0):
             for i in range(count):
                 rng = np.random.default_rng([seed, s, k, i])
                 _demo_image(k, rng).save(os.path.join(tmp, split, name, f"{i:04d}.jpg"), quality=90)
-    try:
-        os.rename(tmp, root)
-    except OSError:  # another process (a torchrun rank) finished first; its copy is identical
-        shutil.rmtree(tmp)
+    os.rename(tmp, root)
     return root
 
 
@@ -218,7 +214,8 @@ def main(args):
     dist = training.init_distributed()
     device_id = training.dali_device_id(args, dist)
     if args.data == "demo":
-        args.data = make_demo_images(DEMO_DIR)
+        with training.main_process_first(dist):
+            args.data = make_demo_images(DEMO_DIR)
     check_data(args.data)
     torch.manual_seed(args.seed)
     log = training.Log(args.output_dir, dist)

@@ -11,7 +11,7 @@ import math
 import os
 import sys
 import time
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -109,6 +109,16 @@ def init_distributed():
         return Dist(device=device)
     tdist.init_process_group("nccl" if cuda else "gloo", device_id=device if cuda else None)
     return Dist(tdist.get_rank(), local_rank, tdist.get_world_size(), device)
+
+
+@contextmanager
+def main_process_first(dist):
+    """Rank 0 runs the block (preparing or generating data) before the others read its result."""
+    if not dist.is_main:
+        tdist.barrier()
+    yield
+    if dist.is_main and dist.world_size > 1:
+        tdist.barrier()
 
 
 def dali_device_id(args, dist):

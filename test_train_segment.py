@@ -1,0 +1,152 @@
+"""End-to-end tests of train_segment.py on the CPU: the demo learns, the overlay is written, and bad
+data gives one clear line naming the file."""
+
+import csv
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from data_processing import make_csv_file_npy
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def run(*flags, check=True):
+    proc = subprocess.run([sys.executable, os.path.join(HERE, "train_segment.py"), *flags], cwd=HERE,
+                          capture_output=True, text=True, timeout=600)
+    if check:
+        assert proc.returncode == 0, proc.stderr
+    return proc
+
+
+def records(output_dir, kind):
+    with open(os.path.join(output_dir, "metrics.jsonl")) as f:
+        return [r for r in map(json.loads, f) if r["type"] == kind]
+
+
+def assert_one_line_error(proc, *needles):
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
+    for needle in needles:
+        assert needle in lines[0]
+
+
+@pytest.fixture(scope="module")
+def demo_run(tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("demo"))
+    run("--data", "demo", "--epochs", "2", "--output-dir", out)
+    return out
+
+
+def test_demo_learns(demo_run):
+    epochs = records(demo_run, "epoch")
+    assert [e["epoch"] for e in epochs] == [1, 2]
+    # All-background predictions score 0 and all-foreground ones about 2 x the nail share (a few per cent
+    # of each image); the same 2 epochs with image flips drawn apart from mask flips scored 0.0.
+    assert epochs[-1]["val_dice"] >= 50, epochs
+    assert epochs[-1]["val_dice_per_class"].keys() == {"1"}
+    assert 0 < epochs[-1]["val_iou"] < epochs[-1]["val_dice"]  # IoU = Dice / (2 - Dice) for one class
+    d = epochs[-1]["val_dice"] / 100
+    assert epochs[-1]["val_iou"] == pytest.approx(100 * d / (2 - d), rel=1e-9)
+    train = records(demo_run, "train")
+    assert {"loss", "lr", "img_s", "data_wait"} <= set(train[0])
+    ckpt = torch.load(os.path.join(demo_run, "checkpoint.pth"), weights_only=False)
+    assert ckpt["epoch"] == 2 and ckpt["args"]["arch"] == "unet" and ckpt["args"]["num_classes"] == 1
+    assert os.path.isfile(os.path.join(demo_run, "best.pth"))
+
+
+def test_overlay_png(demo_run):
+    # four validation images in rows, ground truth and prediction side by side: 2 x 96 px + 3 x 4 px padding
+    for epoch in (1, 2):
+        with Image.open(os.path.join(demo_run, f"val_epoch{epoch:03d}.png")) as im:
+            assert im.size == (2 * 96 + 3 * 4, 4 * 96 + 5 * 4)
+            assert im.mode == "RGB"
+
+
+def test_evaluate_reproduces_last_logged_dice(demo_run, tmp_path):
+    run("--data", "demo", "--resume", os.path.join(demo_run, "checkpoint.pth"), "--evaluate",
+        "--output-dir", str(tmp_path))
+    (evaluation,) = records(str(tmp_path), "eval")
+    assert evaluation["val_dice"] == pytest.approx(records(demo_run, "epoch")[-1]["val_dice"], abs=1e-9)
+
+
+def prepared_root(root, n=4, size=(64, 64), classes=2):
+    """A tiny prepared root: Images/1/<k>.npy, Masks/1/<k>.npy and csv_file/."""
+    rng = np.random.default_rng(0)
+    for k in range(n):
+        for kind in ("Images", "Masks"):
+            os.makedirs(os.path.join(root, kind, "1"), exist_ok=True)
+        np.save(os.path.join(root, "Images", "1", f"{k}.npy"), rng.integers(0, 256, (*size, 3), dtype=np.uint8))
+        np.save(os.path.join(root, "Masks", "1", f"{k}.npy"), rng.integers(0, classes, (*size, 1), dtype=np.uint8))
+    make_csv_file_npy(root, valid_fraction=0.5, seed=0)
+    return root
+
+
+def tiny(root, *flags):
+    return run("--data", root, "--size", "64", "--unet-width", "8", "--batch-size", "2", "--epochs", "1",
+               "--dali-device", "cpu", "--output-dir", os.path.join(root, "out"), *flags, check=False)
+
+
+def test_multiclass_reports_every_class(tmp_path):
+    root = prepared_root(str(tmp_path / "p"), classes=3)
+    proc = tiny(root, "--num-classes", "3")
+    assert proc.returncode == 0, proc.stderr
+    (epoch,) = records(os.path.join(root, "out"), "epoch")
+    assert epoch["val_dice_per_class"].keys() == {"0", "1", "2"}
+    assert epoch["val_dice"] == pytest.approx(sum(epoch["val_dice_per_class"].values()) / 3)
+
+
+def test_error_csv_row_points_to_missing_file(tmp_path):
+    root = prepared_root(str(tmp_path / "p"))
+    with open(os.path.join(root, "csv_file", "train.csv"), newline="") as f:
+        rows = list(csv.reader(f))
+    missing = os.path.join(root, rows[1][1])
+    os.remove(missing)
+    assert_one_line_error(tiny(root), missing, "no such file")
+
+
+def test_error_mask_shape_differs(tmp_path):
+    root = prepared_root(str(tmp_path / "p"))
+    mask = os.path.join(root, "Masks", "1", "2.npy")
+    np.save(mask, np.zeros((64, 60, 1), np.uint8))
+    assert_one_line_error(tiny(root), mask, "64x60")
+
+
+def test_error_mask_value_too_large_for_binary(tmp_path):
+    root = prepared_root(str(tmp_path / "p"), classes=3)
+    proc = tiny(root)
+    assert_one_line_error(proc, os.path.join(root, "Masks", "1"), "class 2", "--num-classes 1")
+
+
+def test_error_mask_value_not_below_num_classes(tmp_path):
+    root = prepared_root(str(tmp_path / "p"), classes=3)
+    assert_one_line_error(tiny(root, "--num-classes", "2"), "class 2", "below --num-classes 2")
+
+
+def png_root(root, images=("a", "b"), masks=("a", "b")):
+    for kind, names in (("Images", images), ("Masks", masks)):
+        os.makedirs(os.path.join(root, kind, "1"))
+        for name in names:
+            Image.new("RGB" if kind == "Images" else "L", (32, 32)).save(os.path.join(root, kind, "1", f"{name}.png"))
+    return root
+
+
+def test_error_empty_images_folder(tmp_path):
+    root = png_root(str(tmp_path / "r"), images=())
+    assert_one_line_error(tiny(root), os.path.join(root, "Images"))
+
+
+def test_error_unpaired_names(tmp_path):
+    root = png_root(str(tmp_path / "r"), masks=("a", "c"))
+    assert_one_line_error(tiny(root), "b.png")
+
+
+def test_error_missing_data(tmp_path):
+    assert_one_line_error(tiny(str(tmp_path / "nope")), str(tmp_path / "nope"), "--data demo")
