@@ -185,6 +185,12 @@ def prepare_model(model, args, dist):
     return model, model_without_ddp
 
 
+def synthetic_batches(batch, steps):
+    """One batch already on the device, ``steps`` times: the model's own speed, the ceiling for any loader."""
+    for _ in range(steps):
+        yield batch
+
+
 # ------------------------------------------------------------------------------------------
 # the training loop
 # ------------------------------------------------------------------------------------------
@@ -210,10 +216,18 @@ def train_one_epoch(model, criterion, optimizer, scheduler, scaler, batches, ste
         except StopIteration:
             break
         window["wait"] += time.perf_counter() - t0
+        n = inputs.shape[0]
+        if n == 0:
+            # A shard one sample short of the others can end its epoch on an empty batch: the reader
+            # pads every shard to the same step count and the iterator drops the padding. DDP still
+            # needs this rank's backward, so it trains on two zero samples (BatchNorm needs more than
+            # one) with zero weight.
+            inputs = inputs.new_zeros((2, *inputs.shape[1:]))
+            targets = targets.new_zeros((2, *targets.shape[1:]))
         if args.channels_last:
             inputs = inputs.contiguous(memory_format=torch.channels_last)
         with autocast(args, dist.device):
-            loss = criterion(model(inputs), targets)
+            loss = criterion(model(inputs), targets) * (n > 0)
         optimizer.zero_grad(set_to_none=True)
         scaler.scale(loss).backward()
         scaler.step(optimizer)
@@ -223,7 +237,7 @@ def train_one_epoch(model, criterion, optimizer, scheduler, scaler, batches, ste
         loss = loss.detach()
         loss_sum += loss
         window["loss"] += loss
-        window["images"] += inputs.shape[0]
+        window["images"] += n
         window["steps"] += 1
         if step % args.print_freq == 0 or step == steps:
             loss_total, images, wait = all_reduce_sum(

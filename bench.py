@@ -1,0 +1,720 @@
+"""Side-by-side benchmark of the DALI pipelines in pipelines.py against torchvision/torch DataLoaders.
+
+One run, on the same files, same batch size, workers = DALI threads:
+
+  1. classification loaders, each delivering normalized float batches where training needs them (the
+     GPU when there is one): ``ClassifyTrainPipeline`` with mixed (GPU) decode, the same pipeline
+     CPU-only followed by ``.cuda()``, and torchvision ``ImageFolder`` + ``DataLoader`` doing
+     RandomResizedCrop(224), flip, ToTensor, Normalize followed by ``.cuda()``;
+  2. segmentation loaders: ``SegmentTrainPipeline`` (GPU and CPU-only) against a torch ``Dataset`` +
+     ``DataLoader`` doing the same augmentations on the CPU;
+  3. end to end (GPU only): training steps of torchvision ResNets fed by each classification loader,
+     beside a synthetic batch already on the GPU (the ceiling), with the share of each step spent
+     waiting for data;
+  4. with ``--sweep`` (GPU only): the mixed-decode loader over hw_decoder_load x DALI threads.
+
+Without ``--data`` it generates an ImageNet-like set of JPEGs (400-500 px per side, quality 90, cut
+from scikit-image's sample photos when scikit-image is installed, procedural otherwise) into
+``.cache/bench-jpegs/`` and paired image/mask ``.npy`` files into ``.cache/bench-seg/``, and reuses them
+on later runs. Results print as tables and go to ``bench.json``.
+
+    python bench.py                             # full run, every core, batch 256
+    python bench.py --workers 16 --sweep        # full run plus the decoder sweep (an H200 with 16 cores)
+    python bench.py --data /datasets/imagenet/train --models resnet50
+    python bench.py --quick                     # tiny, CPU-sized smoke run (seconds)
+    python -m pytest -q test_bench.py           # runs --quick and checks its JSON
+"""
+
+import argparse
+import gc
+import itertools
+import json
+import math
+import multiprocessing
+import os
+import platform
+import random
+import shlex
+import sys
+import time
+import traceback
+from contextlib import contextmanager
+from datetime import datetime
+from functools import partial
+
+import numpy as np
+import nvidia.dali
+import torch
+import torch.nn.functional as F
+import torchvision
+import torchvision.transforms as T
+import torchvision.transforms.functional as TF
+from PIL import Image, ImageDraw, ImageEnhance
+from torch.utils.data import DataLoader, Dataset, RandomSampler
+from torchvision.datasets import ImageFolder
+
+from pipelines import (
+    DEFAULT_HW_DECODER_LOAD,
+    IMAGENET_MEAN,
+    IMAGENET_STD,
+    ClassifyTrainPipeline,
+    classify_iterator,
+    fetch_dali_loader,
+    list_image_folder,
+)
+
+SEED = 0
+NUM_CLASSES = 16
+SIDE_RANGE = (400, 500)  # ImageNet's typical image side, in pixels
+JPEG_QUALITY = 90
+CROP = 224
+SEG_OUTPUT = (384, 384)
+# Image headers read for the size statistics: enough for a stable mean, quick even on a full ImageNet.
+STATS_SAMPLE = 2000
+SWEEP_HW_DECODER_LOADS = (0.0, 0.5, 0.75, 0.9, 1.0)
+SWEEP_THREADS = (8, 12, 16)
+# scikit-image sample photos shipped inside its wheel (none is downloaded): colour photos first, then
+# grayscale ones of textured surfaces, which JPEG finds as hard as foliage or fur.
+SKIMAGE_PHOTOS = ("astronaut", "coffee", "chelsea", "rocket", "hubble_deep_field", "immunohistochemistry",
+                  "retina", "stereo_motorcycle", "brick", "grass", "gravel", "camera", "coins", "moon")
+
+START = time.perf_counter()
+
+
+def usable_cpus():
+    """CPUs this process may run on: os.cpu_count() unless a container or taskset pins it to fewer."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+
+
+def log(message):
+    print(f"[{time.perf_counter() - START:6.1f}s] {message}", flush=True)
+
+
+# ------------------------------------------------------------------------------------------
+# command line
+# ------------------------------------------------------------------------------------------
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--data", metavar="DIR",
+                   help="ImageFolder tree <dir>/<class>/<image> to read (default: generate an ImageNet-like "
+                        "JPEG set under --cache-dir)")
+    p.add_argument("--cache-dir", metavar="DIR", default=".cache",
+                   help="where generated sets live, in bench-jpegs/ and bench-seg/ (default: .cache)")
+    p.add_argument("--num-images", metavar="N", type=int,
+                   help="JPEGs to generate (default: 8192; --quick: 64)")
+    p.add_argument("--seg-samples", metavar="N", type=int,
+                   help="image/mask .npy pairs to generate, 512x512 (default: 256; --quick: 16 of 128x128)")
+    p.add_argument("--batch-size", metavar="N", type=int,
+                   help="classification batch size (default: 256; --quick: 16)")
+    p.add_argument("--seg-batch-size", metavar="N", type=int,
+                   help="segmentation batch size (default: 32; --quick: 4)")
+    p.add_argument("--workers", metavar="N", type=int,
+                   help="DataLoader workers = DALI threads = generator processes (default: the CPUs this "
+                        "process may run on, os.cpu_count() unless it is pinned)")
+    p.add_argument("--warmup", metavar="N", type=int,
+                   help="batches (or training steps) run before timing (default: workers + 4, so the "
+                        "DataLoader's first burst, one batch from every worker at once, is not timed; "
+                        "--quick: 2)")
+    p.add_argument("--iters", metavar="N", type=int,
+                   help="batches (or training steps) timed (default: 50; --quick: 4)")
+    p.add_argument("--max-seconds", metavar="S", type=float, default=15.0,
+                   help="stop timing a loader earlier once this many seconds are spent (default: 15)")
+    p.add_argument("--models", metavar="LIST", default="resnet50,resnet18",
+                   help="torchvision models for the end-to-end section, comma-separated "
+                        "(default: resnet50,resnet18)")
+    p.add_argument("--hw-decoder-load", metavar="F", type=float, default=DEFAULT_HW_DECODER_LOAD,
+                   help=f"share of JPEG decoding on the GPU's hardware decoder, for the mixed-decode "
+                        f"pipeline (default: {DEFAULT_HW_DECODER_LOAD})")
+    p.add_argument("--prefetch-queue-depth", metavar="N", type=int, default=2,
+                   help="batches each DALI pipeline prepares ahead (default: 2)")
+    p.add_argument("--sweep", action="store_true",
+                   help=f"also time the mixed-decode loader for hw_decoder_load in {SWEEP_HW_DECODER_LOADS} "
+                        f"x threads in {SWEEP_THREADS} (GPU only; about a minute)")
+    p.add_argument("--json", metavar="PATH", default="bench.json",
+                   help="where to write the results (default: bench.json)")
+    p.add_argument("--quick", action="store_true",
+                   help="smoke test: 64 JPEGs, 16 pairs of 128x128 .npy, a few small batches; seconds on 2 CPU "
+                        "cores (with a GPU it runs the GPU sections too, as small)")
+    args = p.parse_args(argv)
+
+    quick = args.quick
+    defaults = dict(num_images=64 if quick else 8192, seg_samples=16 if quick else 256,
+                    batch_size=16 if quick else 256, seg_batch_size=4 if quick else 32,
+                    workers=usable_cpus(),
+                    iters=4 if quick else 50)
+    for name, value in defaults.items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    if args.warmup is None:
+        args.warmup = 2 if quick else args.workers + 4
+    args.seg_side = 128 if quick else 512
+    for name in ("num_images", "seg_samples", "batch_size", "seg_batch_size", "workers", "iters"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be at least 1")
+    for model in args.models.split(","):
+        if model not in torchvision.models.list_models():
+            p.error(f"--models: torchvision has no model {model!r}")
+    return args
+
+
+# ------------------------------------------------------------------------------------------
+# generated data
+# ------------------------------------------------------------------------------------------
+
+
+def fractal_noise(rng, h, w, octaves, falloff):
+    """Upsampled random grids from coarse to fine, each weaker by ``falloff``: natural images' 1/f look."""
+    field = np.zeros((h, w), np.float32)
+    for octave in range(octaves):
+        cells = 3 * 2 ** octave
+        grid = Image.fromarray(rng.standard_normal((cells, cells), dtype=np.float32))
+        field += falloff ** octave * np.asarray(grid.resize((w, h), Image.BICUBIC))
+    return field / field.std()
+
+
+def procedural_image(rng, h, w):
+    """A photo-like RGB image: shaded smooth structure, hard-edged objects, textured regions.
+
+    JPEG decode time follows how much detail survives quantization, so the image needs what photos
+    have: most energy at coarse scales, sharp edges, and patches of fine texture next to smooth ones.
+    """
+    ys, xs = np.ogrid[0:h, 0:w]
+    angle = rng.uniform(0, 2 * np.pi)
+    lighting = rng.uniform(-50, 50) * (np.cos(angle) * xs / w + np.sin(angle) * ys / h)
+    luma = 120 + 40 * fractal_noise(rng, h, w, 6, rng.uniform(0.45, 0.65)) + lighting
+    # Colour varies more slowly and less than brightness in photos, which JPEG's chroma subsampling
+    # relies on.
+    cb = rng.uniform(-25, 25) + rng.uniform(5, 20) * fractal_noise(rng, h, w, 3, 0.5)
+    cr = rng.uniform(-25, 25) + rng.uniform(5, 20) * fractal_noise(rng, h, w, 3, 0.5)
+    rgb = np.dstack([luma + 1.402 * cr, luma - 0.344 * cb - 0.714 * cr, luma + 1.772 * cb])
+    image = Image.fromarray(np.clip(rgb, 0, 255).astype(np.uint8))
+
+    draw = ImageDraw.Draw(image, "RGBA")
+    palette = np.asarray(image)
+    for _ in range(rng.integers(20, 60)):
+        x0, y0 = rng.uniform(-0.2, 1.0) * w, rng.uniform(-0.2, 1.0) * h
+        x1, y1 = x0 + rng.uniform(0.02, 0.4) * w, y0 + rng.uniform(0.02, 0.4) * h
+        # Objects take colours near the scene's own, as under one light, rather than arbitrary ones.
+        near = palette[rng.integers(h), rng.integers(w)].astype(int) + rng.integers(-70, 71, 3)
+        fill = tuple(int(v) for v in np.clip(near, 0, 255)) + (int(rng.integers(90, 256)),)
+        shape = rng.integers(3)
+        if shape == 0:
+            draw.ellipse([x0, y0, x1, y1], fill=fill)
+        elif shape == 1:
+            draw.rectangle([x0, y0, x1, y1], fill=fill)
+        else:
+            draw.polygon([(rng.uniform(x0, x1), rng.uniform(y0, y1)) for _ in range(rng.integers(3, 7))],
+                         fill=fill)
+
+    # Fine texture (foliage, fabric, fur) in some regions only.
+    detail = Image.fromarray(rng.standard_normal((h * 2 // 3, w * 2 // 3), dtype=np.float32))
+    detail = np.asarray(detail.resize((w, h), Image.BICUBIC))
+    where = np.clip(0.3 + 0.7 * fractal_noise(rng, h, w, 3, 0.5), 0, 1.5)
+    pixels = np.asarray(image, np.float32) + (rng.uniform(20, 50) * detail * where)[..., None]
+    return Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8))
+
+
+def photo_image(rng, photos, h, w):
+    """A random crop of one of ``photos``, scaled to h x w, maybe flipped, colour-jittered."""
+    photo = photos[rng.integers(len(photos))]
+    ph, pw = photo.shape[:2]
+    aspect = w / h * rng.uniform(0.8, 1.25)
+    area = rng.uniform(0.3, 1.0) * ph * pw
+    ch = min(ph, round(math.sqrt(area / aspect)))
+    cw = min(pw, round(ch * aspect))
+    y, x = rng.integers(0, ph - ch + 1), rng.integers(0, pw - cw + 1)
+    image = Image.fromarray(photo[y:y + ch, x:x + cw]).resize((w, h), Image.BICUBIC)
+    if rng.random() < 0.5:
+        image = image.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+    for enhance, low, high in ((ImageEnhance.Brightness, 0.7, 1.3), (ImageEnhance.Contrast, 0.7, 1.3),
+                               (ImageEnhance.Color, 0.5, 1.5)):
+        image = enhance(image).enhance(rng.uniform(low, high))
+    # A channel shuffle stands in for a hue shift, so a dozen photos give many different colourings;
+    # grain puts back the sensor noise of a camera's photo that the clean, often upscaled crops lack.
+    grain = rng.uniform(1, 4) * rng.standard_normal((h, w, 1), dtype=np.float32)
+    pixels = np.asarray(image, np.float32)[..., rng.permutation(3)] + grain
+    return Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8))
+
+
+def load_photos():
+    """scikit-image's sample photos as (H, W, 3) uint8 arrays; none without scikit-image."""
+    try:
+        from skimage import data
+    except ImportError:
+        return []
+    photos = []
+    for name in SKIMAGE_PHOTOS:
+        try:
+            photo = getattr(data, name)()
+        except Exception as e:  # a scikit-image that does not bundle this one would try to download it
+            log(f"skipping skimage.data.{name}: {type(e).__name__}: {e}")
+            continue
+        photo = photo[0] if name == "stereo_motorcycle" else photo  # (left, right, disparity)
+        photos.append(np.ascontiguousarray(np.dstack([photo] * 3) if photo.ndim == 2 else photo[..., :3]))
+    return photos
+
+
+def write_atomically(path, write, mode="wb"):
+    """``write(file)`` to a temporary file, then rename: an interrupted run never leaves a truncated
+    file at ``path``, and a file that exists is complete."""
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, mode) as f:
+        write(f)
+    os.replace(tmp, path)
+
+
+_photos = []
+
+
+def _init_generator(photos):
+    global _photos
+    _photos = photos
+
+
+def jpeg_path(root, i):
+    return os.path.join(root, f"class{i % NUM_CLASSES:02d}", f"{i:06d}.jpg")
+
+
+def write_jpeg(root, i):
+    rng = np.random.default_rng([SEED, i])
+    h, w = rng.integers(SIDE_RANGE[0], SIDE_RANGE[1] + 1, size=2)
+    image = photo_image(rng, _photos, h, w) if _photos else procedural_image(rng, h, w)
+    write_atomically(jpeg_path(root, i), lambda f: image.save(f, format="JPEG", quality=JPEG_QUALITY))
+
+
+def seg_paths(root, i):
+    # the layout data_processing.make_csv_file_npy reads, so train_segment.py can use the set too
+    return os.path.join(root, "Images", "1", f"{i:06d}.npy"), os.path.join(root, "Masks", "1", f"{i:06d}.npy")
+
+
+def write_seg_pair(root, side, i):
+    """A textured image with a few elliptical objects (class 1) that stand out from the background."""
+    rng = np.random.default_rng([SEED, 1, i])
+    mask = Image.new("L", (side, side), 0)
+    draw = ImageDraw.Draw(mask)
+    for _ in range(rng.integers(1, 5)):
+        cx, cy = rng.uniform(0, side, size=2)
+        rx, ry = rng.uniform(0.05, 0.25, size=2) * side
+        draw.ellipse([cx - rx, cy - ry, cx + rx, cy + ry], fill=1)
+    mask = np.asarray(mask)[..., None]
+    background = np.asarray(procedural_image(rng, side, side), np.float32)
+    objects = 0.5 * background + rng.uniform(40, 120, size=3)
+    image = np.where(mask == 1, objects, background).clip(0, 255).astype(np.uint8)
+    image_path, mask_path = seg_paths(root, i)
+    write_atomically(image_path, lambda f: np.save(f, image))
+    write_atomically(mask_path, lambda f: np.save(f, mask))
+
+
+def generate(root, what, count, paths, write, workers, photos=()):
+    """Write the files of ``root`` that are missing, in parallel; the manifest marks the set complete."""
+    manifest = os.path.join(root, "complete.json")
+    if os.path.exists(manifest):
+        return
+    todo = [i for i in range(count) if not all(os.path.exists(p) for p in paths(i))]
+    for directory in {os.path.dirname(p) for i in range(min(count, NUM_CLASSES)) for p in paths(i)}:
+        os.makedirs(directory, exist_ok=True)
+    log(f"generating {len(todo)} {what} in {root} with {workers} processes")
+    # fork: the workers inherit the imported modules instead of importing torch and DALI again.
+    with multiprocessing.get_context("fork").Pool(workers, _init_generator, (list(photos),)) as pool:
+        step = math.ceil(len(todo) / 10)
+        for done, _ in enumerate(pool.imap_unordered(write, todo, chunksize=8), 1):
+            if done % step == 0 or done == len(todo):
+                log(f"  {done}/{len(todo)} {what}")
+    write_atomically(manifest, lambda f: json.dump({"count": count, "seed": SEED}, f), "w")
+
+
+def jpeg_set(args):
+    """(ImageFolder root, where its content comes from), generating the set if needed."""
+    if args.data:
+        return args.data, "given"
+    photos = load_photos()
+    source = "skimage-photos" if photos else "procedural"
+    root = os.path.join(args.cache_dir, "bench-jpegs", f"n{args.num_images}-{source}")
+    generate(root, "JPEGs", args.num_images, lambda i: [jpeg_path(root, i)], partial(write_jpeg, root),
+             args.workers, photos)
+    return root, source
+
+
+def seg_set(args):
+    root = os.path.join(args.cache_dir, "bench-seg", f"n{args.seg_samples}-{args.seg_side}px")
+    generate(root, "image/mask pairs", args.seg_samples, partial(seg_paths, root),
+             partial(write_seg_pair, root, args.seg_side), args.workers)
+    pairs = [seg_paths(root, i) for i in range(args.seg_samples)]
+    return [image for image, _ in pairs], [mask for _, mask in pairs]
+
+
+def jpeg_stats(root, source):
+    files, _, classes = list_image_folder(root)
+    sample = files if len(files) <= STATS_SAMPLE else random.Random(SEED).sample(files, STATS_SAMPLE)
+    sizes = []
+    for path in sample:
+        with Image.open(path) as image:  # reads the header only
+            sizes.append(image.size)
+    widths, heights = np.array(sizes, dtype=np.float64).T
+    return dict(path=root, source=source, images=len(files), classes=len(classes), stats_from=len(sample),
+                mean_height=round(heights.mean(), 1), mean_width=round(widths.mean(), 1),
+                mean_pixels=round((heights * widths).mean()),
+                mean_kib=round(np.mean([os.path.getsize(p) for p in sample]) / 1024, 1))
+
+
+def seg_stats(imgs, lbls):
+    height, width, _ = np.load(imgs[0], mmap_mode="r").shape
+    return dict(path=os.path.dirname(os.path.dirname(imgs[0])), samples=len(imgs), height=height, width=width,
+                mean_pixels=height * width,
+                mean_kib=round(np.mean([os.path.getsize(p) for p in imgs]) / 1024, 1),
+                mask_mean_kib=round(np.mean([os.path.getsize(p) for p in lbls]) / 1024, 1))
+
+
+# ------------------------------------------------------------------------------------------
+# loaders: each is a context manager yielding an endless iterator of (images, targets) batches
+# already on args.device; leaving the context frees the loader's threads, processes and memory
+# ------------------------------------------------------------------------------------------
+
+
+def batches_on(device, loader, unpack):
+    while True:  # a DALI iterator ends every epoch and resets itself; carry on into the next one
+        for batch in loader:
+            images, targets = unpack(batch)
+            yield images.to(device, non_blocking=True), targets.to(device, non_blocking=True)
+
+
+@contextmanager
+def endless(loader, device, unpack):
+    batches = batches_on(device, loader, unpack)
+    del loader  # the generator's frame now holds the only reference
+    try:
+        yield batches
+    finally:
+        # Closing the generator drops the loader; collecting then ends DALI's threads or the DataLoader's
+        # worker processes before the next loader starts competing with them for the CPUs.
+        batches.close()
+        gc.collect()
+
+
+def dali_classify(args, device_id):
+    pipe = ClassifyTrainPipeline(args.batch_size, args.workers, device_id, args.data_dir, seed=SEED,
+                                 hw_decoder_load=args.hw_decoder_load,
+                                 prefetch_queue_depth=args.prefetch_queue_depth)
+    return endless(classify_iterator(pipe), args.device, lambda b: (b[0]["data"], b[0]["label"].squeeze(-1).long()))
+
+
+def dataloader(dataset, batch_size, args):
+    # One endless epoch: a DataLoader epoch ends with its workers idling while the last batches finish,
+    # a stall that a 1.28M-image epoch hides and a benchmark-sized one does not (DALI's readers simply
+    # wrap around). The other settings are a training script's: pinned batches for an asynchronous copy
+    # to the GPU, workers kept across epochs, two batches in flight per worker.
+    sampler = RandomSampler(dataset, num_samples=sys.maxsize)
+    return DataLoader(dataset, batch_size, sampler=sampler, num_workers=args.workers, pin_memory=args.gpu,
+                      persistent_workers=True, prefetch_factor=2, drop_last=True)
+
+
+def torchvision_classify(args):
+    transform = T.Compose([
+        T.RandomResizedCrop(CROP), T.RandomHorizontalFlip(), T.ToTensor(),
+        T.Normalize([m / 255 for m in IMAGENET_MEAN], [s / 255 for s in IMAGENET_STD]),
+    ])
+    return endless(dataloader(ImageFolder(args.data_dir, transform), args.batch_size, args), args.device, tuple)
+
+
+@contextmanager
+def synthetic_classify(args):
+    """The ceiling: one random batch, already on the GPU, fed again and again."""
+    images = torch.randn(args.batch_size, 3, CROP, CROP, device=args.device)
+    labels = torch.randint(0, 1000, (args.batch_size,), device=args.device)
+    yield itertools.repeat((images, labels))
+
+
+def dali_segment(args, device_id):
+    loader = fetch_dali_loader(args.seg_imgs, args.seg_lbls, args.seg_batch_size, "train", device_id=device_id,
+                               num_threads=args.workers, size=SEG_OUTPUT, seed=SEED,
+                               prefetch_queue_depth=args.prefetch_queue_depth)
+    return endless(loader, args.device, lambda b: (b[0]["image"], b[0]["mask"]))
+
+
+def uniform(low, high):
+    return low + (high - low) * float(torch.rand(()))
+
+
+class SegmentDataset(Dataset):
+    """SegmentTrainPipeline's resize and augmentations, with torch on the CPU, one sample at a time."""
+
+    mean = torch.tensor(IMAGENET_MEAN).view(3, 1, 1)
+    std = torch.tensor(IMAGENET_STD).view(3, 1, 1)
+
+    def __init__(self, imgs, lbls):
+        self.imgs, self.lbls = imgs, lbls
+
+    def __len__(self):
+        return len(self.imgs)
+
+    def __getitem__(self, i):
+        image = torch.from_numpy(np.load(self.imgs[i])).permute(2, 0, 1).float()
+        mask = torch.from_numpy(np.load(self.lbls[i])).permute(2, 0, 1)
+        image = F.interpolate(image[None], size=SEG_OUTPUT, mode="bilinear", align_corners=False)[0]
+        # nearest-exact samples pixel centres like DALI's INTERP_NN, and keeps the mask's class values.
+        mask = F.interpolate(mask[None], size=SEG_OUTPUT, mode="nearest-exact")[0]
+        for dim in (-1, -2):  # horizontal, vertical: drawn once, applied to both
+            if torch.rand(()) < 0.5:
+                image, mask = image.flip(dim), mask.flip(dim)
+        image = (image - self.mean) / self.std
+        if torch.rand(()) < 0.15:
+            image = image + torch.randn_like(image) * uniform(0.0, 0.33)
+        if torch.rand(()) < 0.15:
+            sigma = uniform(0.5, 1.5)
+            size = 2 * math.ceil(3 * sigma) + 1  # DALI GaussianBlur's window for this sigma
+            image = TF.gaussian_blur(image, [size, size], [sigma, sigma])
+        if torch.rand(()) < 0.15:
+            image = image * uniform(0.7, 1.3)
+        if torch.rand(()) < 0.13:
+            image = (image * uniform(0.9, 1.1)).clamp(image.min(), image.max())
+        return image, mask
+
+
+def torch_segment(args):
+    dataset = SegmentDataset(args.seg_imgs, args.seg_lbls)
+    return endless(dataloader(dataset, args.seg_batch_size, args), args.device, tuple)
+
+
+# ------------------------------------------------------------------------------------------
+# measurements
+# ------------------------------------------------------------------------------------------
+
+
+def sync(args):
+    if args.gpu:
+        torch.cuda.synchronize()
+
+
+def time_loader(name, make_loader, args):
+    """Images per second delivered to args.device by a fresh loader, after warm-up."""
+    started = time.perf_counter()
+    with make_loader(args) as batches:
+        for _ in range(args.warmup):
+            next(batches)
+        sync(args)
+        start = time.perf_counter()
+        images = batches_timed = 0
+        while batches_timed < args.iters and time.perf_counter() - start < args.max_seconds:
+            images += next(batches)[0].shape[0]
+            batches_timed += 1
+        sync(args)
+        seconds = time.perf_counter() - start
+    # startup_s: building the loader plus warm-up, what every training run pays before its first step.
+    row = dict(loader=name, img_per_s=round(images / seconds, 1), batches=batches_timed, images=images,
+               seconds=round(seconds, 3), startup_s=round(start - started, 2))
+    log(f"  {name:<12} {row['img_per_s']:>9.1f} img/s  ({batches_timed} batches in {seconds:.2f} s)")
+    return row
+
+
+def time_training(model_name, model, optimizer, name, make_loader, args):
+    """Training images per second with batches from a fresh loader, and the share spent waiting for them."""
+    criterion = torch.nn.CrossEntropyLoss()
+    with make_loader(args) as batches:
+        images_seen = steps = 0
+        waiting = total = 0.0
+        for step in itertools.count():
+            start = time.perf_counter()
+            images, labels = next(batches)
+            # The copy to the GPU is asynchronous; waiting for it here books it as data wait. The GPU is
+            # idle at this point anyway (the previous step ended with a synchronize).
+            torch.cuda.synchronize()
+            fed = time.perf_counter()
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                loss = criterion(model(images.contiguous(memory_format=torch.channels_last)), labels)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            torch.cuda.synchronize()
+            if step >= args.warmup:
+                waiting += fed - start
+                total += time.perf_counter() - start
+                images_seen += images.shape[0]
+                steps += 1
+                if steps == args.iters or total >= args.max_seconds:
+                    break
+    row = dict(model=model_name, loader=name, img_per_s=round(images_seen / total, 1),
+               data_wait_pct=round(100 * waiting / total, 1), steps=steps, seconds=round(total, 3))
+    log(f"  {model_name:<9} {name:<12} {row['img_per_s']:>9.1f} img/s  data wait {row['data_wait_pct']:5.1f} %")
+    return row
+
+
+def guarded(row, measure, *args):
+    """``measure(*args)``, or ``row`` with the error: one broken loader costs its row, not the whole run."""
+    try:
+        return measure(*args)
+    except Exception as e:
+        traceback.print_exc()
+        log(f"  FAILED {' '.join(row.values())}: {type(e).__name__}: {e}")
+        return dict(row, img_per_s=None, error=f"{type(e).__name__}: {e}")
+
+
+def with_ratios(rows, group=None):
+    """Adds each row's img/s relative to the DataLoader's (the DataLoader's of the same ``group``, e.g. model)."""
+    for row in rows:
+        base = next((r["img_per_s"] for r in rows if r["loader"] == "dataloader"
+                     and (group is None or r[group] == row[group])), None)
+        row["vs_dataloader"] = round(row["img_per_s"] / base, 2) if row["img_per_s"] and base else None
+    return rows
+
+
+# ------------------------------------------------------------------------------------------
+# report
+# ------------------------------------------------------------------------------------------
+
+
+def cpu_model():
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or "unknown"
+
+
+def meta(args):
+    return dict(
+        date=datetime.now().astimezone().isoformat(timespec="seconds"),
+        command=shlex.join(sys.orig_argv),
+        gpu=torch.cuda.get_device_name(0) if args.gpu else None,
+        cpu_count=os.cpu_count(), cpus_usable=usable_cpus(), cpu_model=cpu_model(),
+        versions=dict(python=platform.python_version(), dali=nvidia.dali.__version__, torch=torch.__version__,
+                      torchvision=torchvision.__version__),
+        settings=dict(batch_size=args.batch_size, seg_batch_size=args.seg_batch_size, workers=args.workers,
+                      warmup=args.warmup, iters=args.iters, max_seconds=args.max_seconds,
+                      hw_decoder_load=args.hw_decoder_load, prefetch_queue_depth=args.prefetch_queue_depth,
+                      models=args.models, quick=args.quick),
+    )
+
+
+def header_lines(report):
+    m, d, s = report["meta"], report["dataset"], report["segmentation_dataset"]
+    v, cfg = m["versions"], m["settings"]
+    return [
+        f"date      {m['date']}",
+        f"command   {m['command']}",
+        f"hardware  GPU: {m['gpu'] or 'none'} | CPU: {m['cpu_count']} cores ({m['cpus_usable']} usable), "
+        f"{m['cpu_model']}",
+        f"versions  python {v['python']} | DALI {v['dali']} | torch {v['torch']} | torchvision {v['torchvision']}",
+        f"settings  batch {cfg['batch_size']} (segmentation {cfg['seg_batch_size']}) | workers = DALI threads "
+        f"{cfg['workers']} | warmup {cfg['warmup']} + up to {cfg['iters']} timed batches or "
+        f"{cfg['max_seconds']:g} s | hw_decoder_load {cfg['hw_decoder_load']} | prefetch {cfg['prefetch_queue_depth']}",
+        f"images    {d['images']} JPEGs in {d['classes']} classes ({d['source']}, {d['path']}): mean "
+        f"{d['mean_height']:.0f} x {d['mean_width']:.0f} px = {d['mean_pixels']:,} px, mean {d['mean_kib']} KiB",
+        f"seg       {s['samples']} image/mask .npy pairs ({s['path']}): {s['height']} x {s['width']} px "
+        f"= {s['mean_pixels']:,} px, mean {s['mean_kib']} KiB per image",
+    ]
+
+
+def table(title, rows, columns):
+    """``columns``: (heading, key, format) triples; text (format "") aligns left, numbers right, and a
+    missing value prints as '-'."""
+    cells = [[heading for heading, _, _ in columns]]
+    cells += [[format(row[key], fmt) if row.get(key) is not None else "-" for _, key, fmt in columns] for row in rows]
+    widths = [max(len(line[i]) for line in cells) for i in range(len(columns))]
+    lines = ["", title]
+    for line in cells:
+        lines.append("  ".join(cell.ljust(width) if fmt == "" else cell.rjust(width)
+                               for cell, width, (_, _, fmt) in zip(line, widths, columns)))
+    lines += [f"FAILED {row.get('model', '')} {row['loader']}: {row['error']}" for row in rows if "error" in row]
+    return lines
+
+
+LOADER_COLUMNS = [("loader", "loader", ""), ("img/s", "img_per_s", ",.1f"), ("vs DataLoader", "vs_dataloader", ".2f"),
+                  ("data wait %", "data_wait_pct", ".1f"), ("startup s", "startup_s", ".1f")]
+
+
+def report_lines(report):
+    lines = header_lines(report)
+    batch, where = report["meta"]["settings"]["batch_size"], "GPU" if report["meta"]["gpu"] else "CPU"
+    lines += table(f"classification loaders: batches of {batch} x 3 x {CROP} x {CROP} float32 delivered to the {where}",
+                   report["classification"], LOADER_COLUMNS)
+    lines += table(f"segmentation loaders: samples/s, 3 x {SEG_OUTPUT[0]} x {SEG_OUTPUT[1]} image + mask",
+                   report["segmentation"], LOADER_COLUMNS)
+    if report["end_to_end"]:
+        lines += table("end to end: training img/s (bf16, channels_last, SGD) and the share of each step spent "
+                       "waiting for data", report["end_to_end"], [("model", "model", "")] + LOADER_COLUMNS[:4])
+    if report["sweep"]:
+        lines += table("sweep: mixed-decode loader", report["sweep"],
+                       [("threads", "threads", "d"), ("hw_decoder_load", "hw_decoder_load", ".2f"),
+                        ("img/s", "img_per_s", ",.1f")])
+    lines += [f"skipped   {section}: {why}" for section, why in report["skipped"].items()]
+    return lines
+
+
+def save(report, path):
+    write_atomically(path, lambda f: json.dump(report, f, indent=2), "w")
+
+
+# ------------------------------------------------------------------------------------------
+
+
+def main():
+    args = parse_args()
+    # Beyond the flags, args carries what every loader needs: where batches go and which files to read.
+    args.gpu = torch.cuda.is_available()
+    args.device = "cuda" if args.gpu else "cpu"
+    report = dict(meta=meta(args), dataset=None, segmentation_dataset=None, classification=[], segmentation=[],
+                  end_to_end=[], sweep=[], skipped={})
+    log(f"bench.py on {report['meta']['gpu'] or 'CPU only'}, {args.workers} workers: {report['meta']['command']}")
+
+    args.data_dir, source = jpeg_set(args)
+    report["dataset"] = jpeg_stats(args.data_dir, source)
+    args.seg_imgs, args.seg_lbls = seg_set(args)
+    report["segmentation_dataset"] = seg_stats(args.seg_imgs, args.seg_lbls)
+    for line in header_lines(report)[-2:]:
+        log(line)
+
+    log("classification loaders")
+    loaders = [("dali-mixed", partial(dali_classify, device_id=0))] if args.gpu else []
+    loaders += [("dali-cpu", partial(dali_classify, device_id=None)), ("dataloader", torchvision_classify)]
+    report["classification"] = with_ratios([guarded(dict(loader=name), time_loader, name, make, args)
+                                            for name, make in loaders])
+    save(report, args.json)
+
+    log("segmentation loaders")
+    seg_loaders = [("dali-gpu", partial(dali_segment, device_id=0))] if args.gpu else []
+    seg_loaders += [("dali-cpu", partial(dali_segment, device_id=None)), ("dataloader", torch_segment)]
+    report["segmentation"] = with_ratios([guarded(dict(loader=name), time_loader, name, make, args)
+                                          for name, make in seg_loaders])
+    save(report, args.json)
+
+    if args.gpu:
+        log("end to end")
+        torch.backends.cudnn.benchmark = True
+        for model_name in args.models.split(","):
+            model = getattr(torchvision.models, model_name)(weights=None, num_classes=1000)
+            model = model.cuda().to(memory_format=torch.channels_last)
+            optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+            for name, make in [("synthetic", synthetic_classify)] + loaders:
+                report["end_to_end"].append(guarded(dict(model=model_name, loader=name), time_training,
+                                                    model_name, model, optimizer, name, make, args))
+            del model, optimizer
+            torch.cuda.empty_cache()
+            with_ratios(report["end_to_end"], group="model")
+            save(report, args.json)
+    else:
+        report["skipped"]["end_to_end"] = "no CUDA device"
+
+    if args.sweep and args.gpu:
+        log("sweep: mixed-decode loader")
+        for threads, load in itertools.product(SWEEP_THREADS, SWEEP_HW_DECODER_LOADS):
+            swept = argparse.Namespace(**{**vars(args), "workers": threads, "hw_decoder_load": load})
+            name = f"{threads}t/{load:.2f}"
+            row = guarded(dict(loader=name), time_loader, name, partial(dali_classify, device_id=0), swept)
+            report["sweep"].append(dict(threads=threads, hw_decoder_load=load, **row))
+            save(report, args.json)
+    elif args.sweep:
+        report["skipped"]["sweep"] = "no CUDA device"
+
+    save(report, args.json)
+    print("\n".join(report_lines(report)), flush=True)
+    log(f"results written to {args.json}")
+    failed = [row for section in ("classification", "segmentation", "end_to_end", "sweep") for row in report[section]
+              if "error" in row]
+    if failed:
+        sys.exit(f"{len(failed)} measurement(s) failed: see FAILED above and 'error' in {args.json}")
+
+
+if __name__ == "__main__":
+    main()

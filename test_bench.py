@@ -1,0 +1,74 @@
+"""Runs bench.py --quick as a user would, and checks what its JSON reports. About 20 s on 2 CPU cores."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+REPO = os.path.dirname(os.path.abspath(__file__))
+QUICK_IMAGES = 64
+
+
+def bench(*args, timeout=300):
+    result = subprocess.run([sys.executable, "bench.py", "--quick", *args], cwd=REPO, capture_output=True,
+                            text=True, timeout=timeout)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result.stdout
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory):
+    """One generating run shared by the tests: (its JSON, its stdout, its cache directory)."""
+    tmp = tmp_path_factory.mktemp("bench")
+    stdout = bench("--cache-dir", str(tmp / "cache"), "--json", str(tmp / "bench.json"))
+    with open(tmp / "bench.json") as f:
+        return json.load(f), stdout, tmp / "cache"
+
+
+def test_quick_run_reports_every_section(quick_run):
+    report, stdout, _ = quick_run
+    assert {"meta", "dataset", "segmentation_dataset", "classification", "segmentation", "end_to_end",
+            "sweep", "skipped"} <= report.keys()
+    meta = report["meta"]
+    assert "bench.py --quick" in meta["command"]
+    assert {"dali", "torch", "torchvision", "python"} <= meta["versions"].keys()
+
+    dataset = report["dataset"]
+    assert dataset["images"] == QUICK_IMAGES and dataset["classes"] == 16
+    assert 400 ** 2 <= dataset["mean_pixels"] <= 500 ** 2
+    assert dataset["mean_kib"] > 0
+    assert report["segmentation_dataset"]["samples"] > 0 and report["segmentation_dataset"]["mean_kib"] > 0
+
+    for section in ("classification", "segmentation"):
+        rows = {row["loader"]: row for row in report[section]}
+        assert {"dali-cpu", "dataloader"} <= rows.keys()
+        assert all(row["img_per_s"] > 0 and row["vs_dataloader"] > 0 for row in rows.values())
+        assert rows["dataloader"]["vs_dataloader"] == 1.0
+
+    if meta["gpu"] is None:
+        assert report["end_to_end"] == [] and "end_to_end" in report["skipped"]
+    else:
+        assert {row["loader"] for row in report["end_to_end"]} == {"synthetic", "dali-mixed", "dali-cpu", "dataloader"}
+        assert all(row["img_per_s"] > 0 and 0 <= row["data_wait_pct"] <= 100 for row in report["end_to_end"])
+
+    # The printed report carries the same numbers.
+    assert f"{dataset['images']} JPEGs" in stdout
+    assert f"{report['classification'][0]['img_per_s']:,.1f}" in stdout
+
+
+def test_given_data_and_cache_reuse(quick_run, tmp_path):
+    _, _, cache = quick_run
+    jpegs = next((cache / "bench-jpegs").iterdir())
+    stdout = bench("--data", str(jpegs), "--cache-dir", str(cache), "--json", str(tmp_path / "given.json"),
+                   "--warmup", "1", "--iters", "1", "--sweep")
+    assert "generating" not in stdout  # the segmentation set is reused, the JPEGs are given
+    with open(tmp_path / "given.json") as f:
+        report = json.load(f)
+    assert report["dataset"]["source"] == "given" and report["dataset"]["images"] == QUICK_IMAGES
+    assert all(row["img_per_s"] > 0 for row in report["classification"] + report["segmentation"])
+    if report["meta"]["gpu"] is None:
+        assert "sweep" in report["skipped"]
+    else:
+        assert len(report["sweep"]) == 15
