@@ -98,9 +98,9 @@ class _ClassifyPipeline(Pipeline):
     """Reader shared by the classification pipelines: an ImageFolder tree or a DALI file_list."""
 
     def __init__(self, batch_size, num_threads, device_id, data_dir, file_list, shard_id, num_shards,
-                 shuffle, seed, prefetch_queue_depth):
+                 shuffle, seed, prefetch_queue_depth, pipeline_kwargs):
         super().__init__(batch_size, num_threads, device_id, seed=seed,
-                         prefetch_queue_depth=prefetch_queue_depth)
+                         prefetch_queue_depth=prefetch_queue_depth, **pipeline_kwargs)
         if file_list is not None:
             if not os.path.isfile(file_list):
                 raise DataError(f"{file_list}: no such file (expected lines '<path relative to data_dir> <label>')")
@@ -121,16 +121,18 @@ class ClassifyTrainPipeline(_ClassifyPipeline):
     """ImageNet-style training input: random-resized-crop fused with decode, flip, normalize.
 
     Outputs ``(images, labels)``: images (B, 3, crop_size, crop_size) float32/float16,
-    normalized with ImageNet mean/std, layout CHW; labels (B, 1) int32.
+    normalized with ImageNet mean/std, layout CHW; labels (B, 1) int32. Further keyword
+    arguments go to DALI's ``Pipeline`` (``exec_dynamic``, ``set_affinity``, ...).
     """
 
     def __init__(self, batch_size, num_threads, device_id, data_dir=None, crop_size=224, shard_id=0,
                  num_shards=1, seed=None, file_list=None, dtype="float32",
                  random_area=(0.08, 1.0), random_aspect_ratio=(3 / 4, 4 / 3),
                  hw_decoder_load=DEFAULT_HW_DECODER_LOAD, device_memory_padding=DEVICE_MEMORY_PADDING,
-                 host_memory_padding=HOST_MEMORY_PADDING, prefetch_queue_depth=2):
+                 host_memory_padding=HOST_MEMORY_PADDING, prefetch_queue_depth=2, **pipeline_kwargs):
         super().__init__(batch_size, num_threads, device_id, data_dir, file_list, shard_id, num_shards,
-                         shuffle=True, seed=seed, prefetch_queue_depth=prefetch_queue_depth)
+                         shuffle=True, seed=seed, prefetch_queue_depth=prefetch_queue_depth,
+                         pipeline_kwargs=pipeline_kwargs)
         decoder_device, device = _devices(device_id)
         gpu_decoder_args = {} if device_id is None else dict(
             hw_decoder_load=hw_decoder_load, device_memory_padding=device_memory_padding,
@@ -163,9 +165,10 @@ class ClassifyValPipeline(_ClassifyPipeline):
     def __init__(self, batch_size, num_threads, device_id, data_dir=None, crop_size=224, resize_size=256,
                  shard_id=0, num_shards=1, seed=None, file_list=None, dtype="float32",
                  hw_decoder_load=DEFAULT_HW_DECODER_LOAD, device_memory_padding=DEVICE_MEMORY_PADDING,
-                 host_memory_padding=HOST_MEMORY_PADDING, prefetch_queue_depth=2):
+                 host_memory_padding=HOST_MEMORY_PADDING, prefetch_queue_depth=2, **pipeline_kwargs):
         super().__init__(batch_size, num_threads, device_id, data_dir, file_list, shard_id, num_shards,
-                         shuffle=False, seed=seed, prefetch_queue_depth=prefetch_queue_depth)
+                         shuffle=False, seed=seed, prefetch_queue_depth=prefetch_queue_depth,
+                         pipeline_kwargs=pipeline_kwargs)
         decoder_device, device = _devices(device_id)
         gpu_decoder_args = {} if device_id is None else dict(
             hw_decoder_load=hw_decoder_load, device_memory_padding=device_memory_padding,
