@@ -686,6 +686,8 @@ def main():
     if args.gpu:
         log("end to end")
         torch.backends.cudnn.benchmark = True
+        # as in training.py: training kernels first, DALI's kernels fill the gaps
+        torch.cuda.set_stream(torch.cuda.Stream(priority=-1))
         for model_name in args.models.split(","):
             model = getattr(torchvision.models, model_name)(weights=None, num_classes=1000)
             model = model.cuda().to(memory_format=torch.channels_last)
