@@ -98,12 +98,21 @@ def list_image_folder(data_dir):
 
 
 class _ClassifyPipeline(Pipeline):
-    """Reader shared by the classification pipelines: an ImageFolder tree or a DALI file_list."""
+    """What the classification pipelines share: the reader (an ImageFolder tree or a DALI
+    file_list), where the decoder and the other operators run, and the final normalization."""
 
     def __init__(self, batch_size, num_threads, device_id, data_dir, file_list, shard_id, num_shards,
-                 shuffle, seed, prefetch_queue_depth, pipeline_kwargs):
+                 shuffle, seed, crop_size, dtype, hw_decoder_load, device_memory_padding, host_memory_padding,
+                 prefetch_queue_depth, pipeline_kwargs):
         super().__init__(batch_size, num_threads, device_id, seed=seed,
                          prefetch_queue_depth=prefetch_queue_depth, **pipeline_kwargs)
+        self.decoder_device, self.device = _devices(device_id)
+        self.decoder_args = {} if device_id is None else dict(
+            hw_decoder_load=hw_decoder_load, device_memory_padding=device_memory_padding,
+            host_memory_padding=host_memory_padding)
+        self.normalize = ops.CropMirrorNormalize(
+            device=self.device, dtype=_dtype(dtype), output_layout="CHW", crop=(crop_size, crop_size),
+            mean=list(IMAGENET_MEAN), std=list(IMAGENET_STD))
         if file_list is not None:
             if not os.path.isfile(file_list):
                 raise DataError(f"{file_list}: no such file (expected lines '<path relative to data_dir> <label>')")
@@ -133,22 +142,15 @@ class ClassifyTrainPipeline(_ClassifyPipeline):
                  random_area=(0.08, 1.0), random_aspect_ratio=(3 / 4, 4 / 3),
                  hw_decoder_load=DEFAULT_HW_DECODER_LOAD, device_memory_padding=DEVICE_MEMORY_PADDING,
                  host_memory_padding=HOST_MEMORY_PADDING, prefetch_queue_depth=2, **pipeline_kwargs):
-        super().__init__(batch_size, num_threads, device_id, data_dir, file_list, shard_id, num_shards,
-                         shuffle=True, seed=seed, prefetch_queue_depth=prefetch_queue_depth,
-                         pipeline_kwargs=pipeline_kwargs)
-        decoder_device, device = _devices(device_id)
-        gpu_decoder_args = {} if device_id is None else dict(
-            hw_decoder_load=hw_decoder_load, device_memory_padding=device_memory_padding,
-            host_memory_padding=host_memory_padding)
+        super().__init__(batch_size, num_threads, device_id, data_dir, file_list, shard_id, num_shards, True, seed,
+                         crop_size, dtype, hw_decoder_load, device_memory_padding, host_memory_padding,
+                         prefetch_queue_depth, pipeline_kwargs)
         # Decoding only the random crop's region saves work on large images.
         self.decode = ops.decoders.ImageRandomCrop(
-            device=decoder_device, output_type=types.RGB, random_area=list(random_area),
-            random_aspect_ratio=list(random_aspect_ratio), num_attempts=100, **gpu_decoder_args)
-        self.resize = ops.Resize(device=device, resize_x=crop_size, resize_y=crop_size,
+            device=self.decoder_device, output_type=types.RGB, random_area=list(random_area),
+            random_aspect_ratio=list(random_aspect_ratio), num_attempts=100, **self.decoder_args)
+        self.resize = ops.Resize(device=self.device, resize_x=crop_size, resize_y=crop_size,
                                  interp_type=types.INTERP_TRIANGULAR, antialias=True)
-        self.normalize = ops.CropMirrorNormalize(
-            device=device, dtype=_dtype(dtype), output_layout="CHW", crop=(crop_size, crop_size),
-            mean=list(IMAGENET_MEAN), std=list(IMAGENET_STD))
         self.coin = ops.random.CoinFlip(probability=0.5)
 
     def define_graph(self):
@@ -169,19 +171,12 @@ class ClassifyValPipeline(_ClassifyPipeline):
                  shard_id=0, num_shards=1, seed=None, file_list=None, dtype="float32",
                  hw_decoder_load=DEFAULT_HW_DECODER_LOAD, device_memory_padding=DEVICE_MEMORY_PADDING,
                  host_memory_padding=HOST_MEMORY_PADDING, prefetch_queue_depth=2, **pipeline_kwargs):
-        super().__init__(batch_size, num_threads, device_id, data_dir, file_list, shard_id, num_shards,
-                         shuffle=False, seed=seed, prefetch_queue_depth=prefetch_queue_depth,
-                         pipeline_kwargs=pipeline_kwargs)
-        decoder_device, device = _devices(device_id)
-        gpu_decoder_args = {} if device_id is None else dict(
-            hw_decoder_load=hw_decoder_load, device_memory_padding=device_memory_padding,
-            host_memory_padding=host_memory_padding)
-        self.decode = ops.decoders.Image(device=decoder_device, output_type=types.RGB, **gpu_decoder_args)
-        self.resize = ops.Resize(device=device, resize_shorter=resize_size,
+        super().__init__(batch_size, num_threads, device_id, data_dir, file_list, shard_id, num_shards, False, seed,
+                         crop_size, dtype, hw_decoder_load, device_memory_padding, host_memory_padding,
+                         prefetch_queue_depth, pipeline_kwargs)
+        self.decode = ops.decoders.Image(device=self.decoder_device, output_type=types.RGB, **self.decoder_args)
+        self.resize = ops.Resize(device=self.device, resize_shorter=resize_size,
                                  interp_type=types.INTERP_TRIANGULAR, antialias=True)
-        self.normalize = ops.CropMirrorNormalize(
-            device=device, dtype=_dtype(dtype), output_layout="CHW", crop=(crop_size, crop_size),
-            mean=list(IMAGENET_MEAN), std=list(IMAGENET_STD))
 
     def define_graph(self):
         jpegs, labels = self.reader()

@@ -235,11 +235,7 @@ def main(args):
     criterion = torch.nn.CrossEntropyLoss(label_smoothing=args.label_smoothing)
     optimizer, scheduler, lr = training.make_optimizer(model, args, dist, steps)
     scaler = training.make_scaler(args, dist.device)
-    start_epoch, best = 1, 0.0
-    if args.resume:
-        ckpt = training.load_checkpoint(args.resume, model_without_ddp, None if args.evaluate else optimizer,
-                                        scheduler, scaler)
-        start_epoch, best = ckpt["epoch"] + 1, ckpt["best"]
+    start_epoch, best = training.resume(args, model_without_ddp, optimizer, scheduler, scaler)
     log.info(f"{args.arch} on {len(classes)} classes from {args.data}; " + training.describe(args, dist, steps, lr))
 
     if args.evaluate:
@@ -249,8 +245,8 @@ def main(args):
     # Validation runs the unwrapped model: its forward passes need no collective, so shards may differ.
     for epoch in range(start_epoch, args.epochs + 1):
         start = time.perf_counter()
-        train_loss = training.train_one_epoch(model, criterion, optimizer, scheduler, scaler, train_batches(), steps, epoch,
-                                     args, dist, log)
+        train_loss = training.train_one_epoch(model, criterion, optimizer, scheduler, scaler, train_batches(), steps,
+                                              epoch, args, dist, log)
         top1, top5 = evaluate(model_without_ddp, val_batches(), args, dist)
         epoch_time = time.perf_counter() - start
         is_best, best = top1 > best, max(top1, best)

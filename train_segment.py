@@ -231,11 +231,7 @@ def main(args):
     criterion = DiceCELoss(args.num_classes)
     optimizer, scheduler, lr = training.make_optimizer(model, args, dist, steps)
     scaler = training.make_scaler(args, dist.device)
-    start_epoch, best = 1, 0.0
-    if args.resume:
-        ckpt = training.load_checkpoint(args.resume, model_without_ddp, None if args.evaluate else optimizer,
-                                        scheduler, scaler)
-        start_epoch, best = ckpt["epoch"] + 1, ckpt["best"]
+    start_epoch, best = training.resume(args, model_without_ddp, optimizer, scheduler, scaler)
     log.info(f"{args.arch} for {args.num_classes} classes from {args.data}; " + training.describe(args, dist, steps, lr))
 
     if args.evaluate:

@@ -341,17 +341,22 @@ def save_checkpoint(output_dir, model_without_ddp, optimizer, scheduler, scaler,
         save_atomic(state, os.path.join(output_dir, "best.pth"))
 
 
-def load_checkpoint(path, model_without_ddp, optimizer, scheduler, scaler):
-    """Restore a checkpoint; returns it (``epoch`` is the last finished one)."""
-    if not os.path.isfile(path):
-        raise UsageError(f"--resume {path}: no such checkpoint file")
-    ckpt = torch.load(path, map_location="cpu", weights_only=False)
+def resume(args, model_without_ddp, optimizer, scheduler, scaler):
+    """(first epoch to train, best metric so far), restored from ``--resume`` when given.
+
+    With ``--evaluate`` only the model is restored.
+    """
+    if not args.resume:
+        return 1, 0.0
+    if not os.path.isfile(args.resume):
+        raise UsageError(f"--resume {args.resume}: no such checkpoint file")
+    ckpt = torch.load(args.resume, map_location="cpu", weights_only=False)
     model_without_ddp.load_state_dict(ckpt["model"])
-    if optimizer is not None:
+    if not args.evaluate:
         optimizer.load_state_dict(ckpt["optimizer"])
         scheduler.load_state_dict(ckpt["scheduler"])
         scaler.load_state_dict(ckpt["scaler"])
-    return ckpt
+    return ckpt["epoch"] + 1, ckpt["best"]
 
 
 def describe(args, dist, steps_per_epoch, lr):
