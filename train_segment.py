@@ -99,13 +99,13 @@ def save_overlay(path, images, masks, preds, num_classes):
     mean = torch.tensor(IMAGENET_MEAN, device=images.device)[:, None, None]
     std = torch.tensor(IMAGENET_STD, device=images.device)[:, None, None]
     images = (images * std + mean).clamp(0, 255).to(torch.uint8).cpu()
-    classes = torch.arange(1, max(2, num_classes))[:, None, None]
-    colors = ["#00ff00", "#ff00ff", "#00ffff", "#ffff00", "#ff8000", "#0080ff"]
+    classes = torch.arange(1, max(2, num_classes))[:, None, None]  # foreground classes; background stays bare
+    palette = ["#00ff00", "#ff00ff", "#00ffff", "#ffff00", "#ff8000", "#0080ff"]
+    colors = [palette[i % len(palette)] for i in range(len(classes))]
     tiles = []
     for image, mask, pred in zip(images, masks.cpu(), preds.cpu()):
         for labels in (mask, pred):
-            tiles.append(draw_segmentation_masks(image, labels[None] == classes, alpha=0.45,
-                                                 colors=colors[:len(classes)] * (1 + len(classes) // 6)))
+            tiles.append(draw_segmentation_masks(image, labels[None] == classes, alpha=0.45, colors=colors))
     tmp = f"{path}.tmp-{os.getpid()}.png"
     save_image(make_grid(tiles, nrow=2, padding=4).float() / 255, tmp)
     os.replace(tmp, path)
@@ -142,7 +142,7 @@ def dali_loaders(args, dist, device_id):
     for imgs, lbls in splits.values():
         check_mask_values(lbls, args.num_classes, args.workers)
     common = dict(num_threads=args.workers, device_id=device_id, size=(args.size, args.size), shard_id=dist.rank,
-                  num_shards=dist.world_size, seed=args.seed)
+                  num_shards=dist.world_size, seed=args.seed + dist.rank)
     train_loader = fetch_dali_loader(*splits["train"], args.batch_size, "train", **common)
     val_loader = fetch_dali_loader(*splits["valid"], args.batch_size, "eval", **common)
     return (lambda: segment_batches(train_loader, dist.device), len(train_loader),

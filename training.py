@@ -53,8 +53,7 @@ def add_training_args(parser, defaults):
     g.add_argument("-b", "--batch-size", type=int, default=defaults["batch_size"],
                    help="images per GPU (per process)")
     g.add_argument("--lr", type=float, default=defaults["lr"],
-                   help="learning rate for a global batch of 256, scaled linearly by global batch / 256 "
-                        "(default: %(default)s)")
+                   help="learning rate for a global batch of 256, scaled linearly by global batch / 256")
     g.add_argument("--momentum", type=float, default=0.9, help="SGD momentum")
     g.add_argument("--wd", "--weight-decay", type=float, default=defaults.get("wd", 1e-4), dest="wd",
                    help="weight decay")
@@ -62,13 +61,13 @@ def add_training_args(parser, defaults):
                    help="linear warm-up from 1%% of the lr, then cosine decay to 0")
     g.add_argument("--amp", choices=["bf16", "fp16", "none"], default="none",
                    help="mixed precision: bf16 autocast, fp16 autocast with a GradScaler, or none")
-    g.add_argument("--channels-last", action="store_true", help="channels_last memory format (default: off)")
-    g.add_argument("--compile", action="store_true", help="torch.compile the model (default: off)")
+    g.add_argument("--channels-last", action="store_true", help="channels_last memory format")
+    g.add_argument("--compile", action="store_true", help="torch.compile the model")
 
     g = parser.add_argument_group("output and checkpoints")
     g.add_argument("--output-dir", default=defaults["output_dir"],
                    help="where metrics.jsonl, checkpoint.pth and best.pth go")
-    g.add_argument("--resume", default="", help="checkpoint to continue from (default: none)")
+    g.add_argument("--resume", default="", help="checkpoint to continue from")
     g.add_argument("--evaluate", action="store_true", help="only run validation (with --resume: of that model)")
     g.add_argument("--print-freq", type=int, default=defaults.get("print_freq", 50),
                    help="log a line every N steps")
