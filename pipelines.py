@@ -247,11 +247,9 @@ class SegmentValPipeline(Pipeline):
     shuffle = False
 
     def __init__(self, batch_size, num_threads, device_id, imgs, lbls, size=(384, 384), shard_id=0,
-                 num_shards=1, seed=42, mean=IMAGENET_MEAN, std=IMAGENET_STD, prefetch_queue_depth=2,
-                 check_files=True):
+                 num_shards=1, seed=42, mean=IMAGENET_MEAN, std=IMAGENET_STD, prefetch_queue_depth=2):
         super().__init__(batch_size, num_threads, device_id, seed=seed, prefetch_queue_depth=prefetch_queue_depth)
-        if check_files:
-            check_segmentation_files(imgs, lbls)
+        check_segmentation_files(imgs, lbls)
         self.on_gpu = device_id is not None
         device = "gpu" if self.on_gpu else "cpu"
         # Both readers get the same seed, shuffle and sharding, so they stay in lock-step.
@@ -351,10 +349,7 @@ def fetch_dali_loader(imgs, lbls, batch_size, mode, device_id=None, num_threads=
     """
     if mode not in SEGMENT_PIPELINES:
         raise ValueError(f"mode must be one of {sorted(SEGMENT_PIPELINES)}, got {mode!r}")
-    if imgs is None or len(imgs) == 0:
-        raise DataError("got an empty list of images")
-    if lbls is None or len(imgs) != len(lbls):
-        raise DataError(f"got {len(imgs)} images but {0 if lbls is None else len(lbls)} masks "
-                        f"(first image: {imgs[0]})")
-    pipe = SEGMENT_PIPELINES[mode](batch_size, num_threads, device_id, imgs, lbls, **kwargs)
+    # the pipeline checks the lists (empty, unequal, unpaired, mis-shaped) before DALI builds anything
+    pipe = SEGMENT_PIPELINES[mode](batch_size, num_threads, device_id, [] if imgs is None else imgs,
+                                   [] if lbls is None else lbls, **kwargs)
     return segment_iterator(pipe)
