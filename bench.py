@@ -22,6 +22,7 @@ on later runs. Results print as tables and go to ``bench.json``.
     python bench.py --workers 16 --sweep        # full run plus the decoder sweep (an H200 with 16 cores)
     python bench.py --data /datasets/imagenet/train --models resnet50
     python bench.py --quick                     # tiny, CPU-sized smoke run (seconds)
+    torchrun --nproc_per_node=4 bench.py --ddp  # DDP scaling: 1 GPU vs 4, DALI-fed vs synthetic
     python -m pytest -q test_bench.py           # runs --quick and checks its JSON
 """
 
@@ -45,6 +46,7 @@ from functools import partial
 import numpy as np
 import nvidia.dali
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 import torchvision
 import torchvision.transforms as T
@@ -52,6 +54,8 @@ import torchvision.transforms.functional as TF
 from PIL import Image, ImageDraw, ImageEnhance
 from torch.utils.data import DataLoader, Dataset, RandomSampler
 from torchvision.datasets import ImageFolder
+from nvidia.dali import ops, types
+from nvidia.dali.pipeline import Pipeline
 
 from pipelines import (
     DEFAULT_HW_DECODER_LOAD,
@@ -138,6 +142,9 @@ def parse_args(argv=None):
                         f"x threads in {SWEEP_THREADS} (GPU only; about a minute)")
     p.add_argument("--json", metavar="PATH", default="bench.json",
                    help="where to write the results (default: bench.json)")
+    p.add_argument("--ddp", action="store_true",
+                   help="under torchrun: training img/s on 1 GPU and on all of them, DALI-fed and synthetic, and the "
+                        "scaling (GPU only; workers default to this process's share of the CPUs)")
     p.add_argument("--quick", action="store_true",
                    help="smoke test: 64 JPEGs, 16 pairs of 128x128 .npy, a few small batches; seconds on 2 CPU "
                         "cores (with a GPU it runs the GPU sections too, as small)")
@@ -146,7 +153,7 @@ def parse_args(argv=None):
     quick = args.quick
     defaults = dict(num_images=64 if quick else 8192, seg_samples=16 if quick else 256,
                     batch_size=16 if quick else 256, seg_batch_size=4 if quick else 32,
-                    workers=usable_cpus(),
+                    workers=max(1, usable_cpus() // int(os.environ.get("WORLD_SIZE", 1))),
                     iters=4 if quick else 50)
     for name, value in defaults.items():
         if getattr(args, name) is None:
@@ -404,6 +411,47 @@ def dali_classify(args, device_id, **pipeline_kwargs):
     return endless(classify_iterator(pipe), args.device, lambda b: (b[0]["data"], b[0]["label"].squeeze(-1).long()))
 
 
+class DecodePipeline(Pipeline):
+    """The decoder's own ceiling: read and decode with mixed decode at ``hw_decoder_load``, nothing after.
+
+    ``crop=True`` decodes only the train pipeline's random-resized-crop window (ROI decode), as
+    ``ClassifyTrainPipeline`` does before its resize and normalize.
+    """
+
+    def __init__(self, batch_size, num_threads, data_dir, hw_decoder_load, crop):
+        super().__init__(batch_size, num_threads, 0, seed=SEED)
+        files, labels, _ = list_image_folder(data_dir)
+        self.reader = ops.readers.File(files=files, labels=labels, random_shuffle=True, name="Reader")
+        self.decode = (ops.decoders.ImageRandomCrop if crop else ops.decoders.Image)(
+            device="mixed", output_type=types.RGB, hw_decoder_load=hw_decoder_load)
+
+    def define_graph(self):
+        jpegs, _ = self.reader()
+        return self.decode(jpegs)
+
+
+def time_decoder(name, args, crop):
+    """Images per second out of ``DecodePipeline``: ``Pipeline.run`` returns each batch decoded on the GPU."""
+    pipe = DecodePipeline(args.batch_size, args.workers, args.data_dir, args.hw_decoder_load, crop)
+    pipe.build()
+    for _ in range(args.warmup):
+        pipe.run()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    batches = 0
+    while batches < args.iters and time.perf_counter() - start < args.max_seconds:
+        pipe.run()
+        batches += 1
+    torch.cuda.synchronize()
+    seconds = time.perf_counter() - start
+    del pipe
+    gc.collect()
+    row = dict(loader=name, img_per_s=round(batches * args.batch_size / seconds, 1), batches=batches,
+               images=batches * args.batch_size, seconds=round(seconds, 3))
+    log(f"  {name:<12} {row['img_per_s']:>9.1f} img/s  ({batches} batches in {seconds:.2f} s)")
+    return row
+
+
 def dataloader(dataset, batch_size, args):
     # One endless epoch: a DataLoader epoch ends with its workers idling while the last batches finish,
     # a stall that a 1.28M-image epoch hides and a benchmark-sized one does not (DALI's readers simply
@@ -544,6 +592,61 @@ def time_training(model_name, model, optimizer, name, make_loader, args):
     return row
 
 
+def ddp_bench(args):
+    """``torchrun --nproc_per_node=N bench.py --ddp``: training img/s of each model on one GPU and on N GPUs
+    (DDP), fed by DALI (each process its own shard, its own share of the CPU cores) and by a synthetic
+    batch; rank 0 prints the table with DALI / synthetic and the scaling img/s(N) / (N x img/s(1))."""
+    rank, local_rank, world = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"]), int(os.environ["WORLD_SIZE"])
+    torch.cuda.set_device(local_rank)
+    dist.init_process_group("nccl", device_id=torch.device("cuda", local_rank))
+    try:
+        torch.backends.cudnn.benchmark = True
+        torch.cuda.set_stream(torch.cuda.Stream(priority=-1))  # as the trainers: DALI's kernels fill the gaps
+        if rank == 0:
+            args.data_dir, _ = jpeg_set(args)
+        dist.barrier()
+        args.data_dir, _ = jpeg_set(args)  # made by rank 0; the others only find it
+        rows = []
+        for model_name in args.models.split(","):
+            for gpus in sorted({1, world}):
+                for name, make in (("synthetic", synthetic_classify),
+                                   ("dali-mixed", partial(dali_classify, device_id=local_rank, shard_id=rank,
+                                                          num_shards=gpus))):
+                    if rank >= gpus:  # not in this measurement: wait for the ones that are
+                        dist.barrier()
+                        continue
+                    model = getattr(torchvision.models, model_name)(weights=None, num_classes=1000).cuda()
+                    model = model.to(memory_format=torch.channels_last)
+                    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+                    if gpus > 1:  # all the processes: the default group
+                        model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[local_rank])
+                    row = time_training(model_name, model, optimizer, name, make, args)
+                    if gpus > 1:  # every process trained its own share: the job's rate is their sum
+                        total = torch.tensor([row["img_per_s"], row["data_wait_pct"]], device="cuda")
+                        dist.all_reduce(total)
+                        row["img_per_s"], row["data_wait_pct"] = round(total[0].item(), 1), round(total[1].item() / gpus, 1)
+                    rows.append(dict(row, gpus=gpus))
+                    del model, optimizer
+                    torch.cuda.empty_cache()
+                    dist.barrier()
+        if rank == 0:
+            for row in rows:
+                same = {r["loader"]: r["img_per_s"] for r in rows if r["model"] == row["model"] and r["gpus"] == row["gpus"]}
+                one = next(r["img_per_s"] for r in rows if r["model"] == row["model"] and r["gpus"] == 1
+                           and r["loader"] == row["loader"])
+                row["vs_synthetic"] = round(row["img_per_s"] / same["synthetic"], 3)
+                row["scaling"] = round(row["img_per_s"] / (row["gpus"] * one), 3)
+            print("\n".join(table(f"DDP: training img/s on 1 and {world} GPUs (bf16, channels_last, SGD, batch "
+                                   f"{args.batch_size} per GPU, {args.workers} DALI threads per process)", rows,
+                                   [("model", "model", ""), ("GPUs", "gpus", "d"), ("loader", "loader", ""),
+                                    ("img/s", "img_per_s", ",.1f"), ("vs synthetic", "vs_synthetic", ".3f"),
+                                    ("scaling", "scaling", ".3f"), ("data wait %", "data_wait_pct", ".1f")])),
+                  flush=True)
+            save(dict(meta=meta(args), ddp=rows), args.json)
+    finally:
+        dist.destroy_process_group()
+
+
 def guarded(row, measure, *args):
     """``measure(*args)``, or ``row`` with the error: one broken loader costs its row, not the whole run."""
     try:
@@ -631,6 +734,9 @@ LOADER_COLUMNS = [("loader", "loader", ""), ("img/s", "img_per_s", ",.1f"), ("vs
 def report_lines(report):
     lines = header_lines(report)
     batch, where = report["meta"]["settings"]["batch_size"], "GPU" if report["meta"]["gpu"] else "CPU"
+    if report["decoder"]:
+        lines += table("decoder ceiling: mixed decode alone (no resize, no normalize), images decoded on the GPU",
+                       report["decoder"], LOADER_COLUMNS[:2])
     lines += table(f"classification loaders: batches of {batch} x 3 x {CROP} x {CROP} float32 delivered to the {where}",
                    report["classification"], LOADER_COLUMNS)
     lines += table(f"segmentation loaders: samples/s, 3 x {SEG_OUTPUT[0]} x {SEG_OUTPUT[1]} image + mask",
@@ -655,11 +761,17 @@ def save(report, path):
 
 def main():
     args = parse_args()
+    if args.ddp:
+        if not torch.cuda.is_available() or "RANK" not in os.environ:
+            sys.exit("error: --ddp: run it under torchrun on a machine with CUDA GPUs, e.g. "
+                     "torchrun --nproc_per_node=2 bench.py --ddp")
+        args.gpu, args.device = True, "cuda"
+        return ddp_bench(args)
     # Beyond the flags, args carries what every loader needs: where batches go and which files to read.
     args.gpu = torch.cuda.is_available()
     args.device = "cuda" if args.gpu else "cpu"
-    report = dict(meta=meta(args), dataset=None, segmentation_dataset=None, classification=[], segmentation=[],
-                  end_to_end=[], sweep=[], skipped={})
+    report = dict(meta=meta(args), dataset=None, segmentation_dataset=None, decoder=[], classification=[],
+                  segmentation=[], end_to_end=[], sweep=[], skipped={})
     log(f"bench.py on {report['meta']['gpu'] or 'CPU only'}, {args.workers} workers: {report['meta']['command']}")
 
     args.data_dir, source = jpeg_set(args)
@@ -668,6 +780,14 @@ def main():
     report["segmentation_dataset"] = seg_stats(args.seg_imgs, args.seg_lbls)
     for line in header_lines(report)[-2:]:
         log(line)
+
+    if args.gpu:
+        log(f"decoder ceiling: mixed decode alone, hw_decoder_load {args.hw_decoder_load}")
+        report["decoder"] = [guarded(dict(loader=name), time_decoder, name, args, crop)
+                             for name, crop in (("decode", False), ("crop-decode", True))]
+        save(report, args.json)
+    else:
+        report["skipped"]["decoder"] = "no CUDA device"
 
     log("classification loaders")
     loaders = [("dali-mixed", partial(dali_classify, device_id=0))] if args.gpu else []
@@ -732,7 +852,7 @@ def main():
     save(report, args.json)
     print("\n".join(report_lines(report)), flush=True)
     log(f"results written to {args.json}")
-    failed = [row for section in ("classification", "segmentation", "end_to_end", "sweep") for row in report[section]
+    failed = [row for section in ("decoder", "classification", "segmentation", "end_to_end", "sweep") for row in report[section]
               if "error" in row]
     if failed:
         sys.exit(f"{len(failed)} measurement(s) failed: see FAILED above and 'error' in {args.json}")

@@ -1,6 +1,6 @@
-"""train_classify.py under torchrun with two CPU processes (gloo, DALI CPU-only): the two ranks
-together see every training and validation image exactly once per epoch, and report identical
-all-reduced metrics."""
+"""train_classify.py under torchrun with two CPU processes (gloo, DALI CPU-only): every training step on
+every rank sees full batches of real images only, validation sees every image exactly once, and the
+job shuts down cleanly, also when one rank fails."""
 
 import json
 import os
@@ -11,72 +11,110 @@ import numpy as np
 from PIL import Image
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-N_TRAIN, N_VAL = 17, 9  # odd: one shard is a sample short, and its last batch is empty
+N_TRAIN, N_VAL = 17, 9  # odd: the shards differ by one sample
+BATCH = 4
 
-# Runs train_classify.main unchanged; records which images each rank's batches held (every image is
-# one solid colour, so a crop of it still says which it was) and what evaluate() returned.
+# Runs train_classify.py as a script, unchanged; records which images each rank's DALI batches held (every
+# image is one solid colour, so a crop of it still says which it was) and how many times the model's first
+# BatchNorm layer updated its running statistics.
 SPY = """
-import json, os, sys
+import atexit, json, os, runpy, sys
 sys.path.insert(0, {here!r})
-import numpy as np
-import torch
-import train_classify, training
-from pipelines import IMAGENET_MEAN, IMAGENET_STD
+import torch, torchvision
+from nvidia.dali.plugin.pytorch import DALIGenericIterator
+from pipelines import IMAGENET_MEAN, IMAGENET_STD, ClassifyTrainPipeline
 
-seen, results = [], []
-dali_batches, evaluate = train_classify.dali_batches, train_classify.evaluate
+events, bn = {{"train": [], "val": []}}, []
 mean, std = torch.tensor(IMAGENET_MEAN)[:, None, None], torch.tensor(IMAGENET_STD)[:, None, None]
+next_batch, get_model = DALIGenericIterator.__next__, torchvision.models.get_model
 
-def spy_batches(loader, device, files):
-    split = "train" if os.sep + "train" + os.sep in files[0] else "val"
-    ids = []
-    seen.append((split, ids))
-    for images, labels in dali_batches(loader, device, files):
-        ids += [int(round(float((im * std + mean)[0].mean()))) for im in images.float()]
-        yield images, labels
+def spy_next(self):
+    split = "train" if isinstance(self._pipes[0], ClassifyTrainPipeline) else "val"
+    try:
+        batch = next_batch(self)
+    except StopIteration:
+        events[split].append(None)  # the end of a pass
+        raise
+    images = batch[0]["data"].float()
+    events[split].append([int(round(float((im * std + mean)[0].mean()))) for im in images])
+    return batch
 
-def spy_evaluate(*args):
-    results.append(evaluate(*args))
-    return results[-1]
+def spy_get_model(*args, **kwargs):
+    model = get_model(*args, **kwargs)
+    bn.append(model.bn1)
+    return model
 
-train_classify.dali_batches, train_classify.evaluate = spy_batches, spy_evaluate
-try:
-    training.run(train_classify.main, train_classify.get_args_parser())
-finally:
+@atexit.register
+def dump():
+    passes = {{split: [[]] for split in events}}
+    for split, batches in events.items():
+        for batch in batches:
+            passes[split][-1].append(batch) if batch is not None else passes[split].append([])
     with open(os.path.join({out!r}, f"rank{{os.environ['RANK']}}.json"), "w") as f:
-        json.dump({{"seen": seen, "evaluate": results}}, f)
+        json.dump({{"passes": {{k: v[:-1] for k, v in passes.items()}},
+                   "bn_updates": int(bn[0].num_batches_tracked) if bn else None}}, f)
+
+DALIGenericIterator.__next__, torchvision.models.get_model = spy_next, spy_get_model
+sys.argv = [os.path.join({here!r}, "train_classify.py")] + sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
 """
 
 
-def test_two_processes_cover_every_sample_once_and_agree(tmp_path):
+def torchrun(tmp_path, *flags, port, script=None):
+    if script is None:
+        script = tmp_path / "spy.py"
+        script.write_text(SPY.format(here=HERE, out=str(tmp_path)))
+    return subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={port}", str(script),
+         "--data", str(tmp_path / "data"), "--arch", "resnet18", "--train-crop-size", "64", "--val-crop-size", "64",
+         "--val-resize-size", "64", "--batch-size", str(BATCH), "--workers", "1", "--dali-device", "cpu",
+         "--print-freq", "1", "--output-dir", str(tmp_path / "out"), *flags],
+        cwd=HERE, capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+
+def make_data(root):
     for split, n in (("train", N_TRAIN), ("val", N_VAL)):
         for i in range(n):
-            os.makedirs(tmp_path / "data" / split / f"c{i % 2}", exist_ok=True)
+            os.makedirs(root / split / f"c{i % 2}", exist_ok=True)
             # red channel = 10 * (i + 1): the image's id, readable after crop, resize and flip
             Image.fromarray(np.full((64, 80, 3), (10 * (i + 1), 90, 160), np.uint8)).save(
-                tmp_path / "data" / split / f"c{i % 2}" / f"{i}.png")
-    spy = tmp_path / "spy.py"
-    spy.write_text(SPY.format(here=HERE, out=str(tmp_path)))
-    proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29517", str(spy),
-         "--data", str(tmp_path / "data"), "--arch", "resnet18", "--crop-size", "64", "--val-resize-size", "64",
-         "--batch-size", "4", "--epochs", "2", "--workers", "1", "--dali-device", "cpu", "--print-freq", "1",
-         "--output-dir", str(tmp_path / "out")],
-        cwd=HERE, capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+                root / split / f"c{i % 2}" / f"{i}.png")
+
+
+def test_two_processes_train_on_real_samples_and_validate_each_once(tmp_path):
+    make_data(tmp_path / "data")
+    proc = torchrun(tmp_path, "--epochs", "2", port=29517)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    assert "destroy_process_group" not in proc.stderr  # shut down cleanly
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text())["passes"] for r in range(2)]
+    bn_updates = [json.loads((tmp_path / f"rank{r}.json").read_text())["bn_updates"] for r in range(2)]
 
-    # epochs 1 and 2 each run one train and one val pass on every rank
-    assert [s for s, _ in ranks[0]["seen"]] == [s for s, _ in ranks[1]["seen"]] == ["train", "val"] * 2
-    for k, (split, _) in enumerate(ranks[0]["seen"]):
-        ids = [ranks[0]["seen"][k][1], ranks[1]["seen"][k][1]]
-        n = N_TRAIN if split == "train" else N_VAL
-        assert not set(ids[0]) & set(ids[1]), (split, ids)
-        assert sorted(ids[0] + ids[1]) == [10 * (i + 1) for i in range(n)], (split, ids)
+    # training: equal step counts, full batches of nothing but real images, every image at least once
+    steps = -(-((N_TRAIN + 1) // 2) // BATCH)  # the larger shard's batches: 9 samples -> 3
+    assert len(ranks[0]["train"]) == len(ranks[1]["train"]) == 2  # epochs
+    for epoch in range(2):
+        batches = [ranks[r]["train"][epoch] for r in range(2)]
+        assert [len(b) for b in batches] == [steps, steps]
+        assert all(len(batch) == BATCH for b in batches for batch in b)
+        assert set(sum(batches[0] + batches[1], [])) == {10 * (i + 1) for i in range(N_TRAIN)}
+    # BatchNorm statistics moved once per training step, each a full batch of real images
+    assert bn_updates == [2 * steps, 2 * steps]
 
-    # the all-reduced validation metrics are the same on both ranks, and match rank 0's log
-    assert ranks[0]["evaluate"] == ranks[1]["evaluate"]
+    # validation: a decode check before training, then once per epoch; together the ranks see each image once
+    assert len(ranks[0]["val"]) == len(ranks[1]["val"]) == 3
+    for k in range(3):
+        ids = [sum(ranks[r]["val"][k], []) for r in range(2)]
+        assert not set(ids[0]) & set(ids[1]), ids
+        assert sorted(ids[0] + ids[1]) == [10 * (i + 1) for i in range(N_VAL)], ids
     with open(tmp_path / "out" / "metrics.jsonl") as f:
-        epochs = [r for r in map(json.loads, f) if r["type"] == "epoch"]
-    assert [[e["val_top1"], e["val_top5"]] for e in epochs] == ranks[0]["evaluate"]
-    assert not os.path.exists(tmp_path / "out" / "rank1")  # only rank 0 writes
+        assert [r["epoch"] for r in map(json.loads, f) if r["type"] == "epoch"] == [1, 2]
+
+
+def test_a_failing_rank_ends_the_job_with_its_error_line(tmp_path):
+    make_data(tmp_path / "data")
+    bad = tmp_path / "data" / "train" / "c1" / "3.png"  # in one rank's shard only
+    bad.write_bytes(b"\x89PNG\r\n\x1a\n broken")
+    proc = torchrun(tmp_path, "--epochs", "1", port=29518, script=os.path.join(HERE, "train_classify.py"))
+    assert proc.returncode != 0
+    assert f"error: {bad}: cannot decode this image" in proc.stderr, proc.stderr[-3000:]
+    assert "destroy_process_group" not in proc.stderr

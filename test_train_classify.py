@@ -1,8 +1,13 @@
-"""End-to-end tests of train_classify.py on the CPU: the demo learns, resume and --evaluate pick up
-exactly where the run was, the torchvision loader runs, bad input gives one clear line."""
+"""End-to-end tests of train_classify.py on the CPU: the demo learns; resume and --evaluate pick up exactly
+where the run was; the recipe switches do what torchvision's reference does; bad input gives one clear
+line and loses nothing."""
 
+import argparse
+import fcntl
 import json
+import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -13,13 +18,14 @@ import pytest
 import torch
 from PIL import Image
 
+import train_classify
+
 HERE = os.path.dirname(os.path.abspath(__file__))
-CHANCE = 100 / 6  # six demo classes
+SCRIPT = os.path.join(HERE, "train_classify.py")
 
 
-def run(*flags, check=True, timeout=600):
-    proc = subprocess.run([sys.executable, os.path.join(HERE, "train_classify.py"), *flags], cwd=HERE,
-                          capture_output=True, text=True, timeout=timeout)
+def run(*flags, check=True, cwd=HERE, script=SCRIPT, timeout=600):
+    proc = subprocess.run([sys.executable, script, *flags], cwd=cwd, capture_output=True, text=True, timeout=timeout)
     if check:
         assert proc.returncode == 0, proc.stderr
     return proc
@@ -30,6 +36,34 @@ def records(output_dir, kind):
         return [r for r in map(json.loads, f) if r["type"] == kind]
 
 
+def assert_one_line_error(proc, *needles):
+    assert proc.returncode == 2, proc.stderr
+    # DALI's native decoder may log its own line first; ours is the one "error:" line, last, with no traceback
+    lines = proc.stderr.strip().splitlines()
+    errors = [line for line in lines if line.startswith("error: ")]
+    assert errors == lines[-1:] and "Traceback" not in proc.stderr, proc.stderr
+    for needle in needles:
+        assert needle in errors[0], errors[0]
+
+
+def tiny_imagefolder(root, train=("a", "b"), val=("a", "b"), per_class=3, size=(40, 40)):
+    """Solid-colour PNGs: image i of class k is (40 k + 10 i, 90, 160), so any crop says which it was."""
+    for split, classes in (("train", train), ("val", val)):
+        for k, c in enumerate(classes):
+            os.makedirs(os.path.join(root, split, c))
+            for i in range(per_class):
+                Image.new("RGB", size, (40 * k + 10 * i, 90, 160)).save(os.path.join(root, split, c, f"{i}.png"))
+    return root
+
+
+TINY = ["--arch", "resnet18", "--train-crop-size", "32", "--val-crop-size", "32", "--val-resize-size", "36",
+        "--batch-size", "4", "--epochs", "1", "--workers", "1", "--dali-device", "cpu", "--print-freq", "1"]
+
+
+def tiny_run(root, out, *flags, check=True):
+    return run("--data", root, *TINY, "--output-dir", out, *flags, check=check)
+
+
 @pytest.fixture(scope="module")
 def demo_run(tmp_path_factory):
     out = str(tmp_path_factory.mktemp("demo"))
@@ -38,6 +72,9 @@ def demo_run(tmp_path_factory):
 
 
 def test_demo_learns(demo_run):
+    (start,) = records(demo_run, "start")
+    assert start["layout"] == "folder" and start["train_samples"] == 720 and start["val_samples"] == 180
+    assert start["classes"] == 6 and start["output_dir"] == demo_run
     epochs = records(demo_run, "epoch")
     assert [e["epoch"] for e in epochs] == [1, 2]
     # a pipeline with shuffled labels, wrong normalisation or misaligned crops stays near chance (16.7 %)
@@ -47,12 +84,13 @@ def test_demo_learns(demo_run):
     assert {"epoch", "step", "steps", "loss", "lr", "img_s", "data_wait"} <= set(train[0])
     assert all(0 <= r["data_wait"] <= 100 and r["img_s"] > 0 for r in train)
     steps = train[0]["steps"]
-    assert steps == -(-6 * 120 // 32)  # 720 training images, batch 32, last batch partial
+    assert steps == -(-6 * 120 // 32)  # 720 training images, batch 32: the last batch is filled up, not dropped
     assert [r["step"] for r in train if r["epoch"] == 1] == [*range(5, steps, 5), steps]
-    ckpt = torch.load(os.path.join(demo_run, "checkpoint.pth"), weights_only=False)
-    assert ckpt["epoch"] == 2 and ckpt["args"]["arch"] == "resnet18"
+    ckpt = torch.load(os.path.join(demo_run, "checkpoint.pth"), weights_only=True)
+    assert ckpt["epoch"] == 2 and ckpt["step"] == steps and ckpt["args"]["arch"] == "resnet18"
     assert ckpt["classes"] == ["circle", "cross", "ring", "square", "stripes", "triangle"]
     assert not any(k.startswith("module.") for k in ckpt["model"])
+    assert len(ckpt["dali"]) == 1 and ckpt["world_size"] == 1 and ckpt["num_samples"] == 720
     assert os.path.isfile(os.path.join(demo_run, "best.pth"))
 
 
@@ -68,15 +106,15 @@ def test_evaluate_reproduces_last_logged_accuracy(demo_run, tmp_path):
 def test_resume_after_a_kill_continues_the_schedule(demo_run, tmp_path):
     out = str(tmp_path)
     flags = ["--data", "demo", "--epochs", "2", "--print-freq", "5", "--output-dir", out]
-    proc = subprocess.Popen([sys.executable, os.path.join(HERE, "train_classify.py"), *flags], cwd=HERE,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen([sys.executable, SCRIPT, *flags], cwd=HERE, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
     deadline = time.time() + 300
     while not (os.path.exists(os.path.join(out, "metrics.jsonl")) and records(out, "epoch")):
         assert proc.poll() is None and time.time() < deadline, "run ended before its first epoch"
         time.sleep(0.05)
     proc.send_signal(signal.SIGKILL)  # pre-empted during epoch 2
     proc.wait()
-    assert torch.load(os.path.join(out, "checkpoint.pth"), weights_only=False)["epoch"] == 1
+    assert torch.load(os.path.join(out, "checkpoint.pth"), weights_only=True)["epoch"] == 1
 
     run(*flags, "--resume", os.path.join(out, "checkpoint.pth"))
     resumed = [r for r in records(out, "train") if r["epoch"] == 2]
@@ -84,35 +122,260 @@ def test_resume_after_a_kill_continues_the_schedule(demo_run, tmp_path):
     assert [r["step"] for r in resumed] == [r["step"] for r in reference]
     assert [r["lr"] for r in resumed] == pytest.approx([r["lr"] for r in reference], rel=1e-12)
     assert [e["epoch"] for e in records(out, "epoch")] == [1, 2]
+    # the same data in the same order from the same weights: epoch 2 ends where the uninterrupted run did
+    assert records(out, "epoch")[-1]["val_top1"] == pytest.approx(records(demo_run, "epoch")[-1]["val_top1"], abs=1e-9)
 
 
-def test_torch_loader_runs(tmp_path):
-    run("--data", "demo", "--loader", "torch", "--epochs", "1", "--workers", "2", "--output-dir", str(tmp_path))
-    (epoch,) = records(str(tmp_path), "epoch")
-    assert 0 <= epoch["val_top1"] <= 100
-    assert records(str(tmp_path), "train")[-1]["steps"] == 23
+def final_weights(out):
+    return torch.load(os.path.join(out, "checkpoint.pth"), weights_only=True)["model"]
 
 
-def tiny_imagefolder(root, corrupt=None):
-    for split in ("train", "val"):
-        for c in ("a", "b"):
-            os.makedirs(os.path.join(root, split, c))
-            for i in range(3):
-                Image.fromarray(np.full((40, 40, 3), 60 * i, np.uint8)).save(os.path.join(root, split, c, f"{i}.jpg"))
-    if corrupt:
-        with open(os.path.join(root, corrupt), "wb") as f:
-            f.write(b"\xff\xd8\xff\xe0 this is not a JPEG" * 4)
-    return root
+def kill_after_mid_epoch_checkpoint(cmd, out):
+    """Start ``cmd``, SIGKILL it as soon as it has saved a mid-epoch checkpoint; returns that record."""
+    proc = subprocess.Popen(cmd, cwd=HERE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 300
+    while True:
+        saved = os.path.exists(os.path.join(out, "metrics.jsonl")) and records(out, "checkpoint")
+        if saved:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+            return saved[0]
+        assert proc.poll() is None, f"run ended before a mid-epoch checkpoint: {proc.stderr.read()}"
+        assert time.time() < deadline
+        time.sleep(0.01)
 
 
-def assert_one_line_error(proc, *needles):
-    assert proc.returncode == 2, proc.stderr
-    # DALI's native decoder may log its own line first; ours is the one "error:" line, last, with no traceback
-    lines = proc.stderr.strip().splitlines()
-    errors = [line for line in lines if line.startswith("error: ")]
-    assert errors == lines[-1:] and "Traceback" not in proc.stderr, proc.stderr
-    for needle in needles:
-        assert needle in errors[0]
+def assert_resume_is_exact(script, data_flags, tmp_path):
+    """An uninterrupted run and a run killed mid-epoch then resumed end with the same weights."""
+    whole, broken = str(tmp_path / "whole"), str(tmp_path / "broken")
+    run(*data_flags, "--output-dir", whole, script=script)
+    saved = kill_after_mid_epoch_checkpoint([sys.executable, script, *data_flags, "--output-dir", broken], broken)
+    ckpt = torch.load(os.path.join(broken, "checkpoint.pth"), weights_only=True)
+    assert 0 < ckpt["step"] < records(whole, "train")[0]["steps"] and saved["epoch"] == 1
+    run(*data_flags, "--resume", os.path.join(broken, "checkpoint.pth"), script=script)
+    (resumed,) = records(broken, "resume")
+    assert (resumed["epoch"], resumed["step"]) == (ckpt["epoch"], ckpt["step"])
+    a, b = final_weights(whole), final_weights(broken)
+    assert a.keys() == b.keys()
+    assert max((a[k].double() - b[k].double()).abs().max().item() for k in a) <= 1e-6
+    # the losses logged after the resume are the uninterrupted run's
+    after = [(r["epoch"], r["step"], r["loss"]) for r in records(broken, "train") if r["epoch"] == 2]
+    assert after == [(r["epoch"], r["step"], r["loss"]) for r in records(whole, "train") if r["epoch"] == 2]
+
+
+def test_mid_epoch_resume_gives_the_uninterrupted_weights(tmp_path):
+    root = tiny_imagefolder(str(tmp_path / "d"), per_class=12)
+    flags = ["--data", root, *TINY, "--epochs", "2", "--checkpoint-every", "2", "--mixup-alpha", "0.4",
+             "--random-erase", "0.5"]
+    assert_resume_is_exact(SCRIPT, flags, tmp_path)
+
+
+def test_resume_with_another_batch_size_is_refused(demo_run):
+    proc = run("--data", "demo", "--resume", os.path.join(demo_run, "checkpoint.pth"), "--batch-size", "16",
+               "--epochs", "3", check=False)
+    assert_one_line_error(proc, "--resume", "batch 32", "1 x 16")
+
+
+# ------------------------------------------------------------------------------------------
+# recipe switches
+# ------------------------------------------------------------------------------------------
+
+
+def parse(*flags):
+    return train_classify.get_args_parser().parse_args(["--data", "x", *flags])
+
+
+def test_help_lists_every_recipe_switch_with_its_default():
+    text = run("--help").stdout
+    for flag in ("--opt", "--norm-weight-decay", "--label-smoothing", "--mixup-alpha", "--cutmix-alpha",
+                 "--random-erase", "--model-ema", "--model-ema-steps", "--model-ema-decay", "--clip-grad-norm",
+                 "--sync-bn", "--lr-scheduler", "--train-crop-size", "--val-crop-size", "--val-resize-size",
+                 "--checkpoint-every", "--label-offset", "--num-classes", "--overwrite"):
+        assert flag in text
+    assert "(default: sgd)" in text and "(default: cosine)" in text and "(default: 0.99998)" in text
+
+
+@pytest.mark.parametrize("flags", [["--mixup-alpha", "0.2"], ["--cutmix-alpha", "1.0"],
+                                   ["--mixup-alpha", "0.2", "--cutmix-alpha", "1.0"]])
+def test_mixup_and_cutmix_give_soft_targets_that_sum_to_one(flags):
+    torch.manual_seed(0)
+    mix = train_classify.get_mixup_cutmix(parse(*flags), num_classes=5)
+    images, labels = torch.rand(8, 3, 16, 16), torch.arange(8) % 5
+    mixed, targets = mix(images, labels)
+    assert mixed.shape == images.shape and targets.shape == (8, 5) and targets.dtype == torch.float32
+    torch.testing.assert_close(targets.sum(1), torch.ones(8))
+    assert (targets > 0).sum(1).max() == 2 and (targets.max(1).values < 1).all()  # two classes, neither whole
+    assert not torch.equal(mixed, images)
+    assert train_classify.get_mixup_cutmix(parse(), num_classes=5) is None
+
+
+def test_norm_weight_decay_puts_norm_layers_and_biases_in_their_own_group():
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.Flatten(),
+                                torch.nn.LazyLinear(2))
+    model(torch.zeros(1, 3, 5, 5))
+    optimizer = train_classify.make_optimizer(model, parse("--wd", "0.05", "--norm-weight-decay", "0"), lr=0.1)
+    decayed, plain = optimizer.param_groups
+    assert decayed["weight_decay"] == 0.05 and plain["weight_decay"] == 0
+    assert {id(p) for p in decayed["params"]} == {id(model[0].weight), id(model[3].weight)}
+    assert {id(p) for p in plain["params"]} == {id(model[0].bias), id(model[1].weight), id(model[1].bias),
+                                                id(model[3].bias)}
+    adamw = train_classify.make_optimizer(model, parse("--opt", "adamw"), lr=0.1)
+    assert isinstance(adamw, torch.optim.AdamW) and len(adamw.param_groups) == 1
+
+
+def lr_at(flags, steps_per_epoch, at):
+    args = parse(*flags)
+    optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.4)
+    scheduler = train_classify.make_scheduler(optimizer, args, steps_per_epoch)
+    lrs = []
+    for step in range(max(at) + 1):
+        lrs.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        scheduler.step()
+    return [lrs[s] for s in at]
+
+
+def test_schedules_follow_their_formulas():
+    # 10 epochs of 10 steps, warm-up 2 epochs from 1 % of the lr
+    warm = ["--epochs", "10", "--lr-warmup-epochs", "2"]
+    assert lr_at(warm, 10, [0, 10, 20]) == pytest.approx([0.4 * 0.01, 0.4 * (0.01 + 0.99 * 10 / 20), 0.4])
+    cosine = lr_at([*warm, "--lr-min", "0.04"], 10, [20, 60, 99])
+    assert cosine == pytest.approx([0.4, 0.04 + 0.36 * 0.5 * (1 + math.cos(math.pi * 40 / 80)),
+                                    0.04 + 0.36 * 0.5 * (1 + math.cos(math.pi * 79 / 80))])
+    step = lr_at([*warm, "--lr-scheduler", "step", "--lr-step-size", "3", "--lr-gamma", "0.5"], 10, [20, 49, 50, 80])
+    assert step == pytest.approx([0.4, 0.4, 0.2, 0.05])
+    poly = lr_at([*warm, "--lr-scheduler", "poly"], 10, [20, 60, 99])
+    assert poly == pytest.approx([0.4, 0.4 * 0.5 ** 0.9, 0.4 * (1 / 80) ** 0.9])
+    constant = lr_at(["--epochs", "10", "--lr-warmup-epochs", "2", "--lr-warmup-method", "constant",
+                      "--lr-warmup-decay", "0.1"], 10, [0, 19, 20])
+    assert constant == pytest.approx([0.04, 0.04, 0.4])
+
+
+def test_clip_grad_norm_clips_the_total_norm():
+    def norms(flags):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(12, 3))
+        args = parse("--print-freq", "100", *flags)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        seen, step = [], optimizer.step
+
+        def recording_step(*a, **k):
+            seen.append(torch.norm(torch.stack([p.grad.norm() for p in model.parameters()])).item())
+            return step(*a, **k)
+
+        optimizer.step = recording_step
+        batches = [(100 * torch.randn(4, 3, 2, 2), torch.tensor([0, 1, 2, 0])) for _ in range(3)]
+        train_classify.train_one_epoch(model, torch.nn.CrossEntropyLoss(), optimizer,
+                                       torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0),
+                                       torch.amp.GradScaler("cpu", enabled=False), batches, 1, 0, 3, args,
+                                       torch.device("cpu"), lambda record, line: None)
+        return seen
+
+    assert min(norms([])) > 1
+    assert norms(["--clip-grad-norm", "0.5"]) == pytest.approx([0.5] * 3, rel=1e-5)
+
+
+def test_model_ema_is_checkpointed_and_is_what_evaluate_scores(tmp_path):
+    root = tiny_imagefolder(str(tmp_path / "d"), per_class=6)
+    out = str(tmp_path / "o")
+    ema = ["--model-ema", "--model-ema-steps", "1", "--model-ema-decay", "0.9"]
+    tiny_run(root, out, *ema, "--epochs", "2")
+    ckpt = torch.load(os.path.join(out, "checkpoint.pth"), weights_only=True)
+    averaged = {k[len("module."):]: v for k, v in ckpt["model_ema"].items() if k.startswith("module.")}
+    assert averaged.keys() == ckpt["model"].keys()
+    assert ckpt["model_ema"]["n_averaged"] == 6  # 3 steps x 2 epochs, one update each
+    assert not torch.equal(averaged["fc.weight"], ckpt["model"]["fc.weight"])
+    last = records(out, "epoch")[-1]
+    evaluated = str(tmp_path / "e")
+    run("--data", root, *TINY, *ema, "--resume", os.path.join(out, "checkpoint.pth"), "--evaluate",
+        "--output-dir", evaluated)
+    (score,) = records(evaluated, "eval")
+    assert score["ema"] and score["val_top1"] == pytest.approx(last["ema_val_top1"], abs=1e-9)
+
+
+def test_sync_bn_under_cpu_training_is_refused(tmp_path):
+    proc = tiny_run(tiny_imagefolder(str(tmp_path / "d")), str(tmp_path / "o"), "--sync-bn", check=False)
+    assert_one_line_error(proc, "--sync-bn", "CUDA")
+
+
+# ------------------------------------------------------------------------------------------
+# output folders: never replace a previous run
+# ------------------------------------------------------------------------------------------
+
+
+def test_a_folder_with_a_previous_run_is_refused_and_left_as_it_was(tmp_path):
+    root = tiny_imagefolder(str(tmp_path / "d"))
+    out = str(tmp_path / "o")
+    tiny_run(root, out)
+    before = {name: open(os.path.join(out, name), "rb").read() for name in ("best.pth", "checkpoint.pth", "metrics.jsonl")}
+    proc = tiny_run(root, out, check=False)
+    assert_one_line_error(proc, out, "--resume", "--overwrite")
+    assert before == {name: open(os.path.join(out, name), "rb").read() for name in before}
+    tiny_run(root, out, "--overwrite")
+    assert len(records(out, "start")) == 1  # the new run's log replaces the old one
+
+
+def test_runs_without_output_dir_get_numbered_folders(tmp_path):
+    root = tiny_imagefolder(str(tmp_path / "d"))
+    for n in (1, 2):
+        proc = run("--data", root, *TINY, cwd=str(tmp_path))
+        folder = os.path.join("runs", "classify", f"exp{n}")
+        assert proc.stdout.splitlines()[0].startswith(f"run folder {folder};")
+        assert os.path.isfile(tmp_path / folder / "checkpoint.pth")
+
+
+def test_a_folder_another_run_is_writing_to_is_refused(tmp_path):
+    root = tiny_imagefolder(str(tmp_path / "d"))
+    out = tmp_path / "o"
+    out.mkdir()
+    with open(out / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        assert_one_line_error(tiny_run(root, str(out), check=False), str(out), "another run")
+    assert not (out / "metrics.jsonl").exists()
+
+
+def test_leftovers_of_killed_saves_are_removed(tmp_path):
+    root = tiny_imagefolder(str(tmp_path / "d"))
+    out = str(tmp_path / "o")
+    tiny_run(root, out, "--epochs", "1")
+    leftover = os.path.join(out, "checkpoint.pth.tmp-999999")
+    with open(leftover, "wb") as f:
+        f.write(b"x" * 1000)
+    tiny_run(root, out, "--epochs", "2", "--resume", os.path.join(out, "checkpoint.pth"))
+    assert not os.path.exists(leftover)
+
+
+FAIL_THIRD_SAVE = """
+import errno, runpy, sys, torch
+calls, save = [0], torch.save
+def failing_save(obj, path, *args, **kwargs):
+    calls[0] += 1
+    if calls[0] == 3:  # epoch 2's checkpoint.pth: half of it written, then the disk is full
+        with open(path, "wb") as f:
+            f.write(b"partial")
+        raise OSError(errno.ENOSPC, "No space left on device")
+    return save(obj, path, *args, **kwargs)
+torch.save = failing_save
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def test_disk_full_while_saving_keeps_the_previous_checkpoint(tmp_path):
+    root = tiny_imagefolder(str(tmp_path / "d"))
+    out = str(tmp_path / "o")
+    spy = tmp_path / "spy.py"
+    spy.write_text(FAIL_THIRD_SAVE)
+    proc = subprocess.run([sys.executable, str(spy), SCRIPT, "--data", root, *TINY, "--epochs", "2",
+                           "--output-dir", out], cwd=HERE, capture_output=True, text=True, timeout=600)
+    assert_one_line_error(proc, os.path.join(out, "checkpoint.pth"), "No space left on device", "previous one is kept")
+    assert torch.load(os.path.join(out, "checkpoint.pth"), weights_only=True)["epoch"] == 1
+    assert sorted(os.listdir(out)) == [".lock", "best.pth", "checkpoint.pth", "metrics.jsonl"]
+
+
+# ------------------------------------------------------------------------------------------
+# bad input: one line, exit status 2
+# ------------------------------------------------------------------------------------------
 
 
 def test_error_missing_data(tmp_path):
@@ -123,21 +386,116 @@ def test_error_missing_data(tmp_path):
 def test_error_data_without_val(tmp_path):
     root = tiny_imagefolder(str(tmp_path / "d"))
     os.rename(os.path.join(root, "val"), os.path.join(root, "validation"))
-    assert_one_line_error(run("--data", root, check=False), root, "val/")
+    assert_one_line_error(run("--data", root, "--output-dir", str(tmp_path / "o"), check=False), root, "val/")
 
 
 def test_error_unknown_arch(tmp_path):
-    proc = run("--data", tiny_imagefolder(str(tmp_path / "d")), "--arch", "resnet5O", "--dali-device", "cpu",
-               check=False)
+    proc = tiny_run(tiny_imagefolder(str(tmp_path / "d")), str(tmp_path / "o"), "--arch", "resnet5O", check=False)
     assert_one_line_error(proc, "--arch resnet5O", "resnet50")
 
 
-def test_error_corrupt_image(tmp_path):
-    root = tiny_imagefolder(str(tmp_path / "d"), corrupt=os.path.join("train", "b", "1.jpg"))
-    proc = run("--data", root, "--arch", "resnet18", "--crop-size", "32", "--val-resize-size", "36",
-               "--batch-size", "4", "--epochs", "1", "--dali-device", "cpu", "--output-dir", str(tmp_path / "o"),
-               check=False)
-    assert_one_line_error(proc, os.path.join(root, "train", "b", "1.jpg"), "cannot decode")
+@pytest.mark.parametrize("flag,value,allowed", [("--lr", "-1", "> 0"), ("--epochs", "0", "at least 1"),
+                                                ("--label-smoothing", "1.5", "in [0, 1)"),
+                                                ("--batch-size", "1", "at least 2")])
+def test_error_bad_numbers(tmp_path, flag, value, allowed):
+    proc = tiny_run(tiny_imagefolder(str(tmp_path / "d")), str(tmp_path / "o"), flag, value, check=False)
+    assert_one_line_error(proc, flag, allowed)
+
+
+def test_error_output_dir_is_a_file(tmp_path):
+    (tmp_path / "o").write_text("not a folder")
+    proc = tiny_run(tiny_imagefolder(str(tmp_path / "d")), str(tmp_path / "o"), check=False)
+    assert_one_line_error(proc, str(tmp_path / "o"), "is a file")
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only folders")
+def test_error_output_dir_not_writable(tmp_path):
+    (tmp_path / "ro").mkdir(mode=0o555)
+    proc = tiny_run(tiny_imagefolder(str(tmp_path / "d")), str(tmp_path / "ro" / "o"), check=False)
+    assert_one_line_error(proc, str(tmp_path / "ro" / "o"), "cannot write")
+
+
+@pytest.mark.parametrize("content", [b"", b"PK\x03\x04 truncated zip", b"not a checkpoint at all"])
+def test_error_unreadable_resume_file(tmp_path, content):
+    bad = tmp_path / "bad.pth"
+    bad.write_bytes(content)
+    proc = tiny_run(tiny_imagefolder(str(tmp_path / "d")), str(tmp_path / "o"), "--resume", str(bad), check=False)
+    assert_one_line_error(proc, f"--resume {bad}", "not a readable checkpoint")
+
+
+def test_error_truncated_resume_file(demo_run, tmp_path):
+    data = open(os.path.join(demo_run, "checkpoint.pth"), "rb").read()
+    cut = tmp_path / "cut.pth"
+    cut.write_bytes(data[:len(data) // 2])
+    assert_one_line_error(run("--data", "demo", "--resume", str(cut), "--evaluate", check=False), str(cut))
+
+
+def test_error_resume_of_another_arch(demo_run):
+    proc = run("--data", "demo", "--arch", "resnet34", "--resume", os.path.join(demo_run, "checkpoint.pth"),
+               "--evaluate", check=False)
+    assert_one_line_error(proc, "--arch resnet18", "not --arch resnet34")
+
+
+def test_error_resume_on_other_classes(demo_run, tmp_path):
+    root = str(tmp_path / "d")
+    shutil.copytree(train_classify.DEMO_DIR, root)
+    for split in ("train", "val"):
+        os.rename(os.path.join(root, split, "ring"), os.path.join(root, split, "annulus"))
+    proc = run("--data", root, "--arch", "resnet18", "--resume", os.path.join(demo_run, "checkpoint.pth"),
+               "--evaluate", check=False)
+    assert_one_line_error(proc, "other classes", "'circle' there and 'annulus' in --data")
+
+
+def test_error_val_class_that_train_lacks(tmp_path):
+    root = tiny_imagefolder(str(tmp_path / "d"), train=("a", "b", "c"), val=("a", "d"))
+    proc = tiny_run(root, str(tmp_path / "o"), check=False)
+    assert_one_line_error(proc, os.path.join(root, "val", "d"))
+
+
+def test_val_missing_classes_is_fine_and_said(tmp_path):
+    root = tiny_imagefolder(str(tmp_path / "d"), train=("a", "b", "c"), val=("a", "c"))
+    proc = tiny_run(root, str(tmp_path / "o"))
+    assert "1 of them have no val samples" in proc.stdout.splitlines()[0]
+
+
+def corrupt(path, content):
+    with open(path, "wb") as f:
+        f.write(content)
+
+
+@pytest.mark.parametrize("content", [b"", b"\xff\xd8\xff\xe0 this is not a JPEG" * 4])
+def test_error_undecodable_training_image(tmp_path, content):
+    root = tiny_imagefolder(str(tmp_path / "d"))
+    bad = os.path.join(root, "train", "b", "1.jpg")
+    corrupt(bad, content)
+    assert_one_line_error(tiny_run(root, str(tmp_path / "o"), check=False), bad, "cannot decode")
+
+
+def test_error_undecodable_val_image_stops_before_training(tmp_path):
+    root = tiny_imagefolder(str(tmp_path / "d"), per_class=8)
+    bad = os.path.join(root, "val", "a", "5.png")
+    corrupt(bad, b"\x89PNG\r\n\x1a\n broken")
+    out = str(tmp_path / "o")
+    assert_one_line_error(tiny_run(root, out, check=False), bad, "cannot decode")
+    assert records(out, "train") == [] and not os.path.exists(os.path.join(out, "checkpoint.pth"))
+
+
+def test_last_batch_is_never_a_single_sample(tmp_path):
+    # 5 images, batch 4: the last batch is filled up with real samples instead of BatchNorm failing on one
+    root = tiny_imagefolder(str(tmp_path / "d"), train=("a",), val=("a",), per_class=5)
+    out = str(tmp_path / "o")
+    tiny_run(root, out, "--train-crop-size", "8", "--num-classes", "2")
+    assert records(out, "train")[-1]["steps"] == 2
+
+
+def test_concurrent_demo_builds_both_succeed(tmp_path):
+    root = str(tmp_path / "demo")
+    code = ("import sys, train_classify; train_classify.make_demo_images(sys.argv[1], train_per_class=20, "
+            "val_per_class=4)")
+    procs = [subprocess.Popen([sys.executable, "-c", code, root], cwd=HERE, stderr=subprocess.PIPE) for _ in range(2)]
+    assert [p.wait(timeout=300) for p in procs] == [0, 0], [p.stderr.read() for p in procs]
+    assert sorted(os.listdir(tmp_path)) == ["demo"]  # no temporary folder left behind
+    assert sum(len(files) for _, _, files in os.walk(root)) == 6 * 24
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message where no GPU is visible")

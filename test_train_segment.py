@@ -17,9 +17,11 @@ from data_processing import make_csv_file_npy
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
+SCRIPT = os.path.join(HERE, "train_segment.py")
+
+
 def run(*flags, check=True):
-    proc = subprocess.run([sys.executable, os.path.join(HERE, "train_segment.py"), *flags], cwd=HERE,
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run([sys.executable, SCRIPT, *flags], cwd=HERE, capture_output=True, text=True, timeout=600)
     if check:
         assert proc.returncode == 0, proc.stderr
     return proc
@@ -57,8 +59,9 @@ def test_demo_learns(demo_run):
     assert epochs[-1]["val_iou"] == pytest.approx(100 * d / (2 - d), rel=1e-9)
     train = records(demo_run, "train")
     assert {"loss", "lr", "img_s", "data_wait"} <= set(train[0])
-    ckpt = torch.load(os.path.join(demo_run, "checkpoint.pth"), weights_only=False)
+    ckpt = torch.load(os.path.join(demo_run, "checkpoint.pth"), weights_only=True)
     assert ckpt["epoch"] == 2 and ckpt["args"]["arch"] == "unet" and ckpt["args"]["num_classes"] == 1
+    assert ckpt["step"] == train[0]["steps"] == -(-128 // 8)  # 128 training pairs of 160, batch 8
     assert os.path.isfile(os.path.join(demo_run, "best.pth"))
 
 
@@ -150,3 +153,54 @@ def test_error_unpaired_names(tmp_path):
 
 def test_error_missing_data(tmp_path):
     assert_one_line_error(tiny(str(tmp_path / "nope")), str(tmp_path / "nope"), "--data demo")
+
+
+def test_mid_epoch_resume_gives_the_uninterrupted_weights(tmp_path):
+    from test_train_classify import assert_resume_is_exact
+
+    root = prepared_root(str(tmp_path / "p"), n=16, size=(32, 32))
+    flags = ["--data", root, "--size", "32", "--unet-width", "4", "--batch-size", "2", "--epochs", "2",
+             "--dali-device", "cpu", "--workers", "1", "--print-freq", "1", "--checkpoint-every", "2"]
+    assert_resume_is_exact(SCRIPT, flags, tmp_path)
+
+
+def test_pairs_by_position_with_int64_masks_and_grey_images(tmp_path):
+    # what np.argmax and np.array(Image.open(grey_png)) give: int64 (H, W) masks, (H, W) uint8 images,
+    # named as public sets name them (x.npy with x_mask.npy)
+    root = tmp_path / "p"
+    (root / "csv_file").mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    rows = ["index,images,masks"]
+    for k in range(6):
+        mask = np.zeros((32, 32), np.int64)
+        mask[4 + k:20, 8:24] = 1 + k % 2
+        np.save(root / f"x{k}.npy", (rng.integers(0, 60, (32, 32)) + 100 * (mask > 0)).astype(np.uint8))
+        np.save(root / f"x{k}_mask.npy", mask)
+        rows.append(f"{k},x{k}.npy,x{k}_mask.npy")
+    for split in ("train", "valid"):
+        (root / "csv_file" / f"{split}.csv").write_text("\n".join(rows) + "\n")
+    out = str(tmp_path / "o")
+    proc = run("--data", str(root), "--size", "32", "--unet-width", "4", "--batch-size", "2", "--epochs", "1",
+               "--num-classes", "3", "--dali-device", "cpu", "--output-dir", out)
+    assert "1-channel images" in proc.stdout
+    (epoch,) = records(out, "epoch")
+    assert epoch["val_dice_per_class"].keys() == {"0", "1", "2"}
+    ckpt = torch.load(os.path.join(out, "checkpoint.pth"), weights_only=True)
+    assert ckpt["model"]["down.0.0.weight"].shape[1] == 1  # the U-Net was built for one input channel
+
+
+def test_a_folder_with_a_previous_run_is_refused(tmp_path):
+    root = prepared_root(str(tmp_path / "p"))
+    tiny(root)
+    before = open(os.path.join(root, "out", "best.pth"), "rb").read()
+    assert_one_line_error(tiny(root), os.path.join(root, "out"), "--resume", "--overwrite")
+    assert open(os.path.join(root, "out", "best.pth"), "rb").read() == before
+
+
+def test_error_truncated_mask(tmp_path):
+    root = prepared_root(str(tmp_path / "p"))
+    mask = os.path.join(root, "Masks", "1", "1.npy")
+    data = open(mask, "rb").read()
+    with open(mask, "wb") as f:
+        f.write(data[:len(data) - 100])
+    assert_one_line_error(tiny(root), mask)
