@@ -3,6 +3,7 @@
 import csv
 import re
 import os
+import shutil
 import subprocess
 import sys
 
@@ -48,7 +49,8 @@ def tree(root):
 
 
 def mtimes(root):
-    return {p: p.stat().st_mtime_ns for p in root.rglob("*") if p.is_file()}
+    """{path: mtime} of root and everything under it: a folder's changes when a file in it is added or removed."""
+    return {p: p.stat().st_mtime_ns for p in [root, *root.rglob("*")]}
 
 
 def read_csv(path):
@@ -222,23 +224,83 @@ def test_changed_source_is_converted_again(tmp_path):
     png2numpy(src, dst)
     new_mask = np.zeros((12, 10), np.uint8)
     new_mask[:3] = 255
-    mask_png = save(src / "Masks" / "2" / "p0.png", new_mask)
-    os.utime(mask_png, ns=(mask_png.stat().st_mtime_ns + 10**9,) * 2)  # on coarse-clock file systems too
+    save(src / "Masks" / "2" / "p0.png", new_mask)
     assert png2numpy(src, dst) == 1
     np.testing.assert_array_equal(np.load(dst / "Masks" / "2" / "p0.npy")[..., 0], new_mask // 255)
+
+
+def test_replaced_png_of_the_same_size_and_an_older_mtime_is_converted_again(tmp_path):
+    src, dst = binary_root(tmp_path / "src"), tmp_path / "dst"
+    old, new = np.random.default_rng(5).integers(0, 256, (2, 12, 10, 3), dtype=np.uint8)
+    png, npy = src / "Images" / "3" / "p1.png", dst / "Images" / "3" / "p1.npy"
+    # Stored uncompressed, a PNG's size depends on its height and width only.
+    Image.fromarray(old).save(png, compress_level=0)
+    assert png2numpy(src, dst) == 2 * sum(GROUPS.values())
+    size, mtime = png.stat().st_size, png.stat().st_mtime_ns
+    Image.fromarray(new).save(png, compress_level=0)
+    os.utime(png, ns=(mtime - 10**9,) * 2)
+    assert png.stat().st_size == size and png.stat().st_mtime_ns < min(mtime, npy.stat().st_mtime_ns)
+    assert png2numpy(src, dst) == 1
+    np.testing.assert_array_equal(np.load(npy), new)
+
+
+def test_deleted_pairs_leave_the_split_and_their_npy_go(tmp_path):
+    src, dst = binary_root(tmp_path / "src"), tmp_path / "dst"
+    png2numpy(src, dst)
+    make_csv_file_npy(dst)
+    notes = dst / "Images" / "2" / "notes.txt"
+    notes.write_text("not ours")
+    for kind in ("Images", "Masks"):
+        (src / kind / "2" / "p1.png").unlink()
+        shutil.rmtree(src / kind / "4")
+    assert png2numpy(src, dst) == 0
+    make_csv_file_npy(dst)
+    fresh = tmp_path / "fresh"
+    png2numpy(src, fresh)
+    make_csv_file_npy(fresh)
+    # The same .npy files, records and split as a root prepared from the PNGs that are left; the
+    # emptied group folders go, a file this tool did not write stays.
+    assert tree(dst) == {**tree(fresh), notes.relative_to(dst): b"not ours"}
+    assert not (dst / "Images" / "4").exists() and not (dst / "Masks" / "4").exists()
+    rows = read_csv(dst / "csv_file" / "train.csv")[1:] + read_csv(dst / "csv_file" / "valid.csv")[1:]
+    assert sorted(image for _, image, _ in rows) == sorted(
+        f"Images/{g}/p{i}.npy" for g, n in GROUPS.items() for i in range(n) if g != "4" and (g, i) != ("2", 1))
+
+
+def test_npy_without_png_and_record_is_an_error_and_changes_nothing(tmp_path):
+    src, dst = binary_root(tmp_path / "src"), tmp_path / "dst"
+    png2numpy(src, dst)
+    make_csv_file_npy(dst)
+    foreign = dst / "Images" / "1" / "extra.npy"
+    np.save(foreign, np.zeros((12, 10, 3), np.uint8))
+    for kind in ("Images", "Masks"):  # a pair whose .npy would go, were it not for the error
+        (src / kind / "2" / "p0.png").unlink()
+    before = tree(dst)
+    png = src / "Images" / "1" / "extra.png"
+    with pytest.raises(DataError, match=re.escape(f"{foreign}: not written by data_processing.py and there is no {png}")):
+        png2numpy(src, dst)
+    assert tree(dst) == before
+
+
+def test_prepare_again_writes_nothing(tmp_path):
+    src = binary_root(tmp_path / "src")
+    prepare(str(src))
+    before = mtimes(src)
+    assert prepare(str(src)) == str(src / "npy")
+    assert mtimes(src) == before
 
 
 def test_interrupted_run_leaves_no_split_and_no_partial_npy(tmp_path, monkeypatch):
     src, dst = binary_root(tmp_path / "src"), tmp_path / "dst"
     png2numpy(src, dst)
     make_csv_file_npy(dst)
-    for npy in dst.rglob("*.npy"):  # older than every source: all is converted again
-        os.utime(npy, ns=(0, 0))
+    for record in dst.rglob(".*.source"):  # no record: every .npy is converted again
+        record.unlink()
     replace, renames = os.replace, []
 
     def interrupted_replace(tmp, path):
         renames.append(path)
-        if len(renames) == 4:  # the temporary file is fully written, the rename not yet done
+        if len(renames) == 4:  # the second .npy is renamed, the temporary file of its record fully written
             raise KeyboardInterrupt
         replace(tmp, path)
 
@@ -251,7 +313,9 @@ def test_interrupted_run_leaves_no_split_and_no_partial_npy(tmp_path, monkeypatc
         read_split(str(dst), "train")
     for npy in dst.rglob("*.npy"):
         np.load(npy)  # every .npy there is whole
-    assert png2numpy(src, dst) == 2 * sum(GROUPS.values()) - 3
+    assert renames[2].endswith(".npy") and not os.path.exists(renames[3])
+    # Only the first .npy has its record; the second, renamed but without one, is converted again.
+    assert png2numpy(src, dst) == 2 * sum(GROUPS.values()) - 1
     make_csv_file_npy(dst)
     check_segmentation_files(*read_split(str(dst), "train"))
 
