@@ -6,6 +6,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -22,6 +23,7 @@ from data_processing import (
 from pipelines import DataError, check_segmentation_files, fetch_dali_loader
 
 GROUPS = {"1": 5, "2": 4, "3": 2, "4": 1}  # pairs per group: the split rule's edge cases
+HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def save(path, array, mode=None, palette=None):
@@ -61,6 +63,10 @@ def read_csv(path):
 def make_older(path, than):
     t = than.stat().st_mtime_ns - 10**9
     os.utime(path, ns=(t, t))
+
+
+def partials(root):
+    return sorted(p for p in root.rglob("*") if p.name.endswith(".partial"))
 
 
 # ------------------------------------------------------------------------------------------
@@ -214,7 +220,7 @@ def test_stale_or_corrupt_outputs_are_rewritten(tmp_path):
     assert png2numpy(src, dst) == 2
     assert not (dst / "csv_file" / "train.csv").exists()  # removed until the split is rewritten
     make_csv_file_npy(dst)
-    assert tree(dst) == {**expected, leftover.relative_to(dst): b"half a file"}
+    assert tree(dst) == expected  # the killed run's temporary file is gone too
     assert untouched.stat().st_mtime_ns == untouched_mtime
     assert ".partial" not in (dst / "csv_file" / "train.csv").read_text()
 
@@ -290,6 +296,23 @@ def test_prepare_again_writes_nothing(tmp_path):
     assert mtimes(src) == before
 
 
+def test_a_root_that_cannot_be_locked_is_read_without_a_lock(tmp_path, monkeypatch):
+    src = binary_root(tmp_path / "src")
+    prepare(str(src))
+    (src / "npy" / ".data_processing.lock").unlink()
+    before = mtimes(src)
+    os_open = os.open
+
+    def no_write_access(path, flags, *args):  # tests may run as root, for whom chmod forbids nothing
+        if path.endswith(".data_processing.lock"):
+            raise PermissionError(13, "Permission denied", path)
+        return os_open(path, flags, *args)
+
+    monkeypatch.setattr(os, "open", no_write_access)
+    assert prepare(str(src)) == str(src / "npy")
+    assert mtimes(src) == before
+
+
 def test_interrupted_run_leaves_no_split_and_no_partial_npy(tmp_path, monkeypatch):
     src, dst = binary_root(tmp_path / "src"), tmp_path / "dst"
     png2numpy(src, dst)
@@ -330,7 +353,7 @@ def test_demo_set_is_deterministic_binary_and_non_trivial(tmp_path):
     assert make_demo_pngs(tmp_path / "a", **args) == 12
     make_demo_pngs(tmp_path / "b", **args)
     files = tree(tmp_path / "a")
-    assert len(files) == 12 and files == tree(tmp_path / "b")
+    assert len(files) == 12 + 1 and files == tree(tmp_path / "b")  # the PNGs and the lock file
     make_demo_pngs(tmp_path / "c", seed=1, **args)
     assert tree(tmp_path / "c") != files
     before = mtimes(tmp_path / "a")
@@ -343,6 +366,77 @@ def test_demo_set_is_deterministic_binary_and_non_trivial(tmp_path):
         values = np.asarray(mask)
         assert set(np.unique(values).tolist()) == {0, 255}, mask_png
         assert 0 < (values == 255).mean() < 0.5, mask_png
+
+
+# ------------------------------------------------------------------------------------------
+# two runs at once
+# ------------------------------------------------------------------------------------------
+
+# Both children import first, then start on the parent's word, so they start together; every
+# write is slowed down, so that the two runs overlap and one has to wait for the other.
+CHILD = """
+import sys, time
+import data_processing
+
+write = data_processing._write_atomic
+
+
+def slow_write(path, data):
+    time.sleep(0.02)
+    write(path, data)
+
+
+data_processing._write_atomic = slow_write
+print("ready", flush=True)
+sys.stdin.readline()
+print(eval(sys.argv[1], vars(data_processing)))
+"""
+
+
+def at_once(call):
+    """[(exit status, stdout, stderr)] of two processes that evaluate ``call`` in data_processing together."""
+    children = [subprocess.Popen([sys.executable, "-c", CHILD, call], cwd=HERE, text=True,
+                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                for _ in range(2)]
+    ready = [child.stdout.readline() for child in children]
+    for child in children:
+        try:
+            child.stdin.write("go\n")
+            child.stdin.flush()
+        except BrokenPipeError:  # it died: its status and stderr tell why
+            pass
+    outputs = [child.communicate(timeout=120) for child in children]
+    results = [(child.returncode, out, err) for child, (out, err) in zip(children, outputs)]
+    assert ready == ["ready\n"] * 2, results
+    return results
+
+
+WAITING = ": waiting for another process writing there to finish"
+
+
+def only_waited(stderr):
+    return all(line.endswith(WAITING) for line in stderr.splitlines())
+
+
+def test_two_prepares_at_once_both_succeed_and_leave_a_complete_root(tmp_path):
+    src, reference = binary_root(tmp_path / "src"), binary_root(tmp_path / "reference")
+    results = at_once(f"prepare({str(src)!r})")
+    assert [(status, out) for status, out, _ in results] == [(0, f"{src / 'npy'}\n")] * 2, results
+    assert all(only_waited(err) for _, _, err in results), results
+    assert any(err for _, _, err in results), "neither run waited for the other"
+    prepare(str(reference))
+    assert tree(src / "npy") == tree(reference / "npy")
+    assert not partials(tmp_path)
+
+
+def test_two_demo_builds_at_once_write_each_file_once(tmp_path):
+    args = "n_per_group=2, groups=2, size=(32, 32)"
+    results = at_once(f"make_demo_pngs({str(tmp_path / 'demo')!r}, {args})")
+    assert sorted((status, out) for status, out, _ in results) == [(0, "0\n"), (0, "8\n")], results
+    assert sorted(err for _, _, err in results) == ["", f"{tmp_path / 'demo'}{WAITING}\n"]
+    make_demo_pngs(tmp_path / "reference", n_per_group=2, groups=2, size=(32, 32))
+    assert tree(tmp_path / "demo") == tree(tmp_path / "reference")
+    assert not partials(tmp_path)
 
 
 # ------------------------------------------------------------------------------------------
