@@ -14,12 +14,21 @@ one with R == G == B everywhere) whose values are all in {0, 255} is binary and 
 any other greyscale values are kept as class indices. A colour RGB mask is an error: save it as
 a palette or class-index PNG, so that classes are indices and not colours.
 
-Re-running is safe: a ``.npy`` that is complete and newer than its PNG is kept, any other is
-rewritten, and a CSV is rewritten only when its text changes. Every file is written to a
-temporary name in its folder and then renamed, so an interrupted run leaves no half-written
-``.npy`` or ``.csv`` under the final name. The CSVs come last (and are removed before any
-``.npy`` changes), so a root with both ``csv_file/train.csv`` and ``csv_file/valid.csv`` is
-complete.
+The prepared root mirrors its PNG root. Beside each ``.npy`` a hidden record
+(``.<name>.npy.source``) holds the size and SHA-256 of the PNG bytes it was converted from; a
+re-run hashes every PNG and converts again only those whose record does not match (or whose
+``.npy`` is incomplete), so a replaced PNG is found whatever its timestamp. A ``.npy`` with a
+record whose PNG is gone is removed, and its pair leaves the split; a ``.npy`` without a record
+is not ours to delete, so one without a PNG is an error. A CSV is rewritten only when its text
+changes. Every file is written to a temporary name in its folder and then renamed, so an
+interrupted run leaves no half-written ``.npy`` or ``.csv`` under the final name (and the next
+run removes its temporary files). The CSVs come last (and are removed before any ``.npy``
+changes), so a root with both ``csv_file/train.csv`` and ``csv_file/valid.csv`` is complete.
+
+Runs at once on one root (two trainers started together, torchrun ranks) take turns on a lock
+file, ``.data_processing.lock``, in the root they write: the later run waits, then finds the
+work done. The lock is ``fcntl.flock`` (Linux, macOS); across nodes it needs a shared file
+system that passes flock locks between them (Linux NFS clients do).
 
     python data_processing.py data/nails_png data/nails                  # convert + split
     python data_processing.py data/nails_png data/nails --valid-fraction 0.25 --seed 1
@@ -35,10 +44,15 @@ printed as ``error: <message>`` and the exit status is 2.
 """
 
 import argparse
+import contextlib
 import csv
+import fcntl
+import hashlib
 import io
+import json
 import os
 import random
+import re
 import sys
 from collections import defaultdict
 
@@ -52,6 +66,9 @@ CSV_HEADER = ["index", "images", "masks"]
 # Where prepare() puts the .npy pairs of a PNG root: inside it, so no write access to its
 # parent is needed and the data stays together.
 PREPARED_SUBDIR = "npy"
+LOCK_NAME = ".data_processing.lock"
+# The temporary names of _write_atomic; one found while holding the lock is a killed run's.
+LEFTOVER = re.compile(r"\..+\.\d+\.partial")
 
 # Demo defaults: 160 pairs of 256x256 are quick to write and to convert on a CPU, and a small
 # network trained at 64x64 or 128x128 separates these nails from skin within about a minute.
@@ -143,6 +160,47 @@ def _npy_bytes(array):
     return buffer.getvalue()
 
 
+@contextlib.contextmanager
+def _locked(folder, mode=fcntl.LOCK_EX):
+    """Hold ``folder``'s lock file: one process at a time writes under ``folder``; readers
+    (``mode`` LOCK_SH) share it with each other, not with a writer."""
+    os.makedirs(folder, exist_ok=True)
+    try:
+        # Read-only is enough for flock, so a lock file another user created serves as well.
+        fd = os.open(os.path.join(folder, LOCK_NAME), os.O_RDONLY | os.O_CREAT, 0o666)
+    except PermissionError:
+        # Where this process may not write (a shared data set someone else prepared), it writes
+        # nothing, so it needs no turn; a write that is due fails with its own error.
+        yield
+        return
+    try:
+        try:
+            fcntl.flock(fd, mode | fcntl.LOCK_NB)
+        except BlockingIOError:
+            print(f"{folder}: waiting for another process writing there to finish", file=sys.stderr)
+            fcntl.flock(fd, mode)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _remove_leftovers(root):
+    """Remove the temporary files of killed runs under ``root``'s Images/, Masks/ and csv_file/.
+
+    Only while holding ``root``'s lock: every writer holds it, so none of them is in use.
+    """
+    for sub in ("Images", "Masks", "csv_file"):
+        for dirpath, _, names in os.walk(os.path.join(root, sub)):
+            for name in names:
+                if LEFTOVER.fullmatch(name):
+                    os.remove(os.path.join(dirpath, name))
+
+
+def _remove(path):
+    with contextlib.suppress(FileNotFoundError):
+        os.remove(path)
+
+
 # ------------------------------------------------------------------------------------------
 # PNG -> npy
 # ------------------------------------------------------------------------------------------
@@ -157,23 +215,24 @@ def _png_size(path):
         raise DataError(f"{path}: not a readable PNG ({e})") from None
 
 
-def _load_png(path):
+def _load_png(path, data):
+    """The PNG ``data`` read from ``path``, decoded."""
     try:
-        with Image.open(path) as img:
+        with Image.open(io.BytesIO(data)) as img:
             img.load()
             return img
     except (OSError, SyntaxError, ValueError) as e:
         raise DataError(f"{path}: not a readable PNG ({e})") from None
 
 
-def _image_array(path):
+def _image_array(path, data):
     """(H, W, 3) uint8 RGB; alpha is dropped, greyscale and palette images are expanded."""
-    return np.asarray(_load_png(path).convert("RGB"))
+    return np.asarray(_load_png(path, data).convert("RGB"))
 
 
-def _mask_array(path):
+def _mask_array(path, data):
     """(H, W, 1) uint8 class indices, by the rules of the module docstring."""
-    img = _load_png(path)
+    img = _load_png(path, data)
     if img.mode == "P":
         return np.asarray(img)[..., None]
     if img.mode in ("RGB", "RGBA"):
@@ -196,23 +255,64 @@ def _mask_array(path):
     return values.astype(np.uint8)[..., None]
 
 
+def _record_path(npy):
+    """The record of the PNG that ``npy`` was converted from: a hidden file beside it."""
+    folder, name = os.path.split(npy)
+    return os.path.join(folder, f".{name}.source")
+
+
 def _is_current(npy, png, shape):
-    """Whether ``npy`` is newer than ``png`` and a complete uint8 array of ``shape``."""
+    """Whether ``npy`` is a complete uint8 array of ``shape`` converted from ``png`` as it is now.
+
+    The content decides, not the timestamp: a replaced PNG can carry any modification time
+    (``cp -p``, ``rsync -t`` and ``tar`` keep the old file's), but not the old bytes.
+    """
     try:
-        if os.stat(npy).st_mtime_ns < os.stat(png).st_mtime_ns:
-            return False
+        with open(_record_path(npy)) as f:
+            record = json.load(f)
+        with open(png, "rb") as f:
+            # The size first: a PNG of another size is not read to be hashed.
+            if record["size"] != os.fstat(f.fileno()).st_size:
+                return False
+            if record["sha256"] != hashlib.file_digest(f, "sha256").hexdigest():
+                return False
         # The memory map checks that the file holds all the data its header announces.
         array = np.load(npy, mmap_mode="r")
-    except (OSError, ValueError, EOFError):
+    except (OSError, ValueError, EOFError, KeyError, TypeError):
         return False
     return array.shape == shape and array.dtype == np.uint8
 
 
-def png2numpy(src_root, dst_root):
-    """Convert the PNG pairs of ``src_root`` into ``.npy`` pairs under ``dst_root``; returns the
-    number of ``.npy`` files written (0 when everything was up to date)."""
-    todo = []
-    for group, stem, image_png, mask_png in _find_pairs(src_root, ".png"):
+def _convert(png, npy, to_array):
+    """Write ``npy`` from ``png``, then its record of the very bytes that were converted."""
+    with open(png, "rb") as f:
+        data = f.read()
+    array = to_array(png, data)
+    record = _record_path(npy)
+    # The old record goes first: a run stopped between the two renames leaves a .npy without a
+    # record, which the next run converts again, never a record that vouches for the wrong one.
+    _remove(record)
+    _write_atomic(npy, _npy_bytes(array))
+    _write_atomic(record, json.dumps({"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}).encode())
+
+
+def _outputs(dst_root):
+    """The ``.npy`` paths under ``dst_root``'s Images/ and Masks/: of the files, and of the records."""
+    found = set()
+    for kind in ("Images", "Masks"):
+        for dirpath, _, names in os.walk(os.path.join(dst_root, kind)):
+            for name in names:
+                if name.endswith(".npy") and not name.startswith("."):
+                    found.add(os.path.join(dirpath, name))
+                elif name.startswith(".") and name.endswith(".npy.source"):
+                    found.add(os.path.join(dirpath, name[1:-len(".source")]))
+    return found
+
+
+def _plan(pairs, src_root, dst_root):
+    """(todo, stale) of ``png2numpy``: the (png, npy, to_array) to convert, and the ``.npy`` to remove."""
+    wanted, todo = set(), []
+    for group, stem, image_png, mask_png in pairs:
         image_size, mask_size = _png_size(image_png), _png_size(mask_png)
         if image_size != mask_size:
             raise DataError(f"{mask_png}: mask is {mask_size[0]}x{mask_size[1]} but its image {image_png} is "
@@ -220,16 +320,48 @@ def png2numpy(src_root, dst_root):
         for kind, png, to_array, channels in (("Images", image_png, _image_array, 3),
                                                ("Masks", mask_png, _mask_array, 1)):
             npy = os.path.join(dst_root, kind, group, stem + ".npy")
+            wanted.add(npy)
             if not _is_current(npy, png, (*image_size, channels)):
                 todo.append((png, npy, to_array))
-    if todo:
-        # The split marks a complete root, so it goes before any .npy changes.
-        for split in SPLITS:
-            csv_path = os.path.join(dst_root, "csv_file", f"{split}.csv")
-            if os.path.exists(csv_path):
-                os.remove(csv_path)
-    for png, npy, to_array in todo:
-        _write_atomic(npy, _npy_bytes(to_array(png)))
+    stale = sorted(_outputs(dst_root) - wanted)
+    for npy in stale:
+        if not os.path.exists(_record_path(npy)):
+            png = os.path.join(src_root, os.path.splitext(os.path.relpath(npy, dst_root))[0] + ".png")
+            raise DataError(f"{npy}: not written by data_processing.py and there is no {png}; remove it "
+                            f"(a prepared root mirrors its PNG root)")
+    return todo, stale
+
+
+def png2numpy(src_root, dst_root):
+    """Mirror the PNG pairs of ``src_root`` as ``.npy`` pairs under ``dst_root``; returns the
+    number of ``.npy`` files written (0 when everything was up to date).
+
+    A ``.npy`` this function wrote whose PNG is gone is removed, with its record; a ``.npy``
+    without a record and without a PNG is an error, raised before anything changes.
+    """
+    pairs = _find_pairs(src_root, ".png")
+    # Checking only reads, so runs at once (torchrun ranks) check side by side and take turns
+    # only when there is work, which is planned again then: another run may have done it.
+    with _locked(dst_root, fcntl.LOCK_SH):
+        todo, stale = _plan(pairs, src_root, dst_root)
+    if not todo and not stale:
+        return 0
+    with _locked(dst_root):
+        _remove_leftovers(dst_root)
+        todo, stale = _plan(pairs, src_root, dst_root)
+        if todo or stale:
+            # The split marks a complete root, so it goes before any .npy changes.
+            for split in SPLITS:
+                _remove(os.path.join(dst_root, "csv_file", f"{split}.csv"))
+        for npy in stale:
+            # The .npy before its record: a run stopped in between leaves the record, so the next
+            # run still knows the .npy is ours to remove.
+            _remove(npy)
+            _remove(_record_path(npy))
+            with contextlib.suppress(OSError):
+                os.rmdir(os.path.dirname(npy))  # only if that emptied the group's folder
+        for png, npy, to_array in todo:
+            _convert(png, npy, to_array)
     return len(todo)
 
 
@@ -247,25 +379,26 @@ def make_csv_file_npy(dst_root, valid_fraction=0.2, seed=42):
     """
     if not 0 < valid_fraction < 1:
         raise ValueError(f"valid_fraction must be between 0 and 1 (exclusive), got {valid_fraction}")
-    groups = defaultdict(list)
-    for group, _, image, mask in _find_pairs(dst_root, ".npy"):
-        groups[group].append(tuple(os.path.relpath(p, dst_root).replace(os.sep, "/") for p in (image, mask)))
-    rows = {split: [] for split in SPLITS}
-    counts = {}
-    for group, pairs in groups.items():
-        n = len(pairs)
-        n_valid = min(max(round(valid_fraction * n), 1), n - 1) if n >= 2 else 0
-        # Seeded per group, so adding or removing a group leaves the split of the others as it was.
-        valid = set(random.Random(f"{seed}/{group}").sample(range(n), n_valid))
-        for k, pair in enumerate(pairs):
-            rows["valid" if k in valid else "train"].append(pair)
-        counts[group] = (n - n_valid, n_valid)
-    for split in SPLITS:
-        text = io.StringIO()
-        writer = csv.writer(text, lineterminator="\n")
-        writer.writerow(CSV_HEADER)
-        writer.writerows((i, image, mask) for i, (image, mask) in enumerate(rows[split]))
-        _write_if_changed(os.path.join(dst_root, "csv_file", f"{split}.csv"), text.getvalue().encode())
+    with _locked(dst_root):
+        groups = defaultdict(list)
+        for group, _, image, mask in _find_pairs(dst_root, ".npy"):
+            groups[group].append(tuple(os.path.relpath(p, dst_root).replace(os.sep, "/") for p in (image, mask)))
+        rows = {split: [] for split in SPLITS}
+        counts = {}
+        for group, pairs in groups.items():
+            n = len(pairs)
+            n_valid = min(max(round(valid_fraction * n), 1), n - 1) if n >= 2 else 0
+            # Seeded per group, so adding or removing a group leaves the split of the others as it was.
+            valid = set(random.Random(f"{seed}/{group}").sample(range(n), n_valid))
+            for k, pair in enumerate(pairs):
+                rows["valid" if k in valid else "train"].append(pair)
+            counts[group] = (n - n_valid, n_valid)
+        for split in SPLITS:
+            text = io.StringIO()
+            writer = csv.writer(text, lineterminator="\n")
+            writer.writerow(CSV_HEADER)
+            writer.writerows((i, image, mask) for i, (image, mask) in enumerate(rows[split]))
+            _write_if_changed(os.path.join(dst_root, "csv_file", f"{split}.csv"), text.getvalue().encode())
     return counts
 
 
@@ -382,9 +515,10 @@ def make_demo_pngs(root, n_per_group=DEMO_PER_GROUP, groups=DEMO_GROUPS, size=DE
     Images are RGB of ``size`` (height, width); masks are binary 0/255 greyscale PNGs of the
     nails. The same arguments give byte-identical files, and a file that already holds them is
     not rewritten. Returns the number of PNG files written. Files of an earlier, larger demo
-    set in ``root`` are left alone.
+    set in ``root`` are left alone. Runs at once on one ``root`` take turns to write: the later
+    one finds the files written and writes none.
     """
-    written = 0
+    files = {}
     for group in range(1, groups + 1):
         for i in range(n_per_group):
             # One generator per image: each scene depends only on (seed, group, i).
@@ -393,8 +527,11 @@ def make_demo_pngs(root, n_per_group=DEMO_PER_GROUP, groups=DEMO_GROUPS, size=DE
                 buffer = io.BytesIO()
                 # zlib level 1: a third of the default's encoding time for a fifth more bytes.
                 picture.save(buffer, "PNG", compress_level=1)
-                written += _write_if_changed(os.path.join(root, kind, str(group), f"{i:03d}.png"), buffer.getvalue())
-    return written
+                files[os.path.join(root, kind, str(group), f"{i:03d}.png")] = buffer.getvalue()
+    # Drawn before the lock is taken, so that runs at once (torchrun ranks) draw in parallel.
+    with _locked(root):
+        _remove_leftovers(root)
+        return sum(_write_if_changed(path, data) for path, data in files.items())
 
 
 # ------------------------------------------------------------------------------------------

@@ -3,8 +3,10 @@
 import csv
 import re
 import os
+import shutil
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -21,6 +23,7 @@ from data_processing import (
 from pipelines import DataError, check_segmentation_files, fetch_dali_loader
 
 GROUPS = {"1": 5, "2": 4, "3": 2, "4": 1}  # pairs per group: the split rule's edge cases
+HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def save(path, array, mode=None, palette=None):
@@ -48,7 +51,8 @@ def tree(root):
 
 
 def mtimes(root):
-    return {p: p.stat().st_mtime_ns for p in root.rglob("*") if p.is_file()}
+    """{path: mtime} of root and everything under it: a folder's changes when a file in it is added or removed."""
+    return {p: p.stat().st_mtime_ns for p in [root, *root.rglob("*")]}
 
 
 def read_csv(path):
@@ -59,6 +63,10 @@ def read_csv(path):
 def make_older(path, than):
     t = than.stat().st_mtime_ns - 10**9
     os.utime(path, ns=(t, t))
+
+
+def partials(root):
+    return sorted(p for p in root.rglob("*") if p.name.endswith(".partial"))
 
 
 # ------------------------------------------------------------------------------------------
@@ -212,7 +220,7 @@ def test_stale_or_corrupt_outputs_are_rewritten(tmp_path):
     assert png2numpy(src, dst) == 2
     assert not (dst / "csv_file" / "train.csv").exists()  # removed until the split is rewritten
     make_csv_file_npy(dst)
-    assert tree(dst) == {**expected, leftover.relative_to(dst): b"half a file"}
+    assert tree(dst) == expected  # the killed run's temporary file is gone too
     assert untouched.stat().st_mtime_ns == untouched_mtime
     assert ".partial" not in (dst / "csv_file" / "train.csv").read_text()
 
@@ -222,23 +230,100 @@ def test_changed_source_is_converted_again(tmp_path):
     png2numpy(src, dst)
     new_mask = np.zeros((12, 10), np.uint8)
     new_mask[:3] = 255
-    mask_png = save(src / "Masks" / "2" / "p0.png", new_mask)
-    os.utime(mask_png, ns=(mask_png.stat().st_mtime_ns + 10**9,) * 2)  # on coarse-clock file systems too
+    save(src / "Masks" / "2" / "p0.png", new_mask)
     assert png2numpy(src, dst) == 1
     np.testing.assert_array_equal(np.load(dst / "Masks" / "2" / "p0.npy")[..., 0], new_mask // 255)
+
+
+def test_replaced_png_of_the_same_size_and_an_older_mtime_is_converted_again(tmp_path):
+    src, dst = binary_root(tmp_path / "src"), tmp_path / "dst"
+    old, new = np.random.default_rng(5).integers(0, 256, (2, 12, 10, 3), dtype=np.uint8)
+    png, npy = src / "Images" / "3" / "p1.png", dst / "Images" / "3" / "p1.npy"
+    # Stored uncompressed, a PNG's size depends on its height and width only.
+    Image.fromarray(old).save(png, compress_level=0)
+    assert png2numpy(src, dst) == 2 * sum(GROUPS.values())
+    size, mtime = png.stat().st_size, png.stat().st_mtime_ns
+    Image.fromarray(new).save(png, compress_level=0)
+    os.utime(png, ns=(mtime - 10**9,) * 2)
+    assert png.stat().st_size == size and png.stat().st_mtime_ns < min(mtime, npy.stat().st_mtime_ns)
+    assert png2numpy(src, dst) == 1
+    np.testing.assert_array_equal(np.load(npy), new)
+
+
+def test_deleted_pairs_leave_the_split_and_their_npy_go(tmp_path):
+    src, dst = binary_root(tmp_path / "src"), tmp_path / "dst"
+    png2numpy(src, dst)
+    make_csv_file_npy(dst)
+    notes = dst / "Images" / "2" / "notes.txt"
+    notes.write_text("not ours")
+    for kind in ("Images", "Masks"):
+        (src / kind / "2" / "p1.png").unlink()
+        shutil.rmtree(src / kind / "4")
+    assert png2numpy(src, dst) == 0
+    make_csv_file_npy(dst)
+    fresh = tmp_path / "fresh"
+    png2numpy(src, fresh)
+    make_csv_file_npy(fresh)
+    # The same .npy files, records and split as a root prepared from the PNGs that are left; the
+    # emptied group folders go, a file this tool did not write stays.
+    assert tree(dst) == {**tree(fresh), notes.relative_to(dst): b"not ours"}
+    assert not (dst / "Images" / "4").exists() and not (dst / "Masks" / "4").exists()
+    rows = read_csv(dst / "csv_file" / "train.csv")[1:] + read_csv(dst / "csv_file" / "valid.csv")[1:]
+    assert sorted(image for _, image, _ in rows) == sorted(
+        f"Images/{g}/p{i}.npy" for g, n in GROUPS.items() for i in range(n) if g != "4" and (g, i) != ("2", 1))
+
+
+def test_npy_without_png_and_record_is_an_error_and_changes_nothing(tmp_path):
+    src, dst = binary_root(tmp_path / "src"), tmp_path / "dst"
+    png2numpy(src, dst)
+    make_csv_file_npy(dst)
+    foreign = dst / "Images" / "1" / "extra.npy"
+    np.save(foreign, np.zeros((12, 10, 3), np.uint8))
+    for kind in ("Images", "Masks"):  # a pair whose .npy would go, were it not for the error
+        (src / kind / "2" / "p0.png").unlink()
+    before = tree(dst)
+    png = src / "Images" / "1" / "extra.png"
+    with pytest.raises(DataError, match=re.escape(f"{foreign}: not written by data_processing.py and there is no {png}")):
+        png2numpy(src, dst)
+    assert tree(dst) == before
+
+
+def test_prepare_again_writes_nothing(tmp_path):
+    src = binary_root(tmp_path / "src")
+    prepare(str(src))
+    before = mtimes(src)
+    assert prepare(str(src)) == str(src / "npy")
+    assert mtimes(src) == before
+
+
+def test_a_root_that_cannot_be_locked_is_read_without_a_lock(tmp_path, monkeypatch):
+    src = binary_root(tmp_path / "src")
+    prepare(str(src))
+    (src / "npy" / ".data_processing.lock").unlink()
+    before = mtimes(src)
+    os_open = os.open
+
+    def no_write_access(path, flags, *args):  # tests may run as root, for whom chmod forbids nothing
+        if path.endswith(".data_processing.lock"):
+            raise PermissionError(13, "Permission denied", path)
+        return os_open(path, flags, *args)
+
+    monkeypatch.setattr(os, "open", no_write_access)
+    assert prepare(str(src)) == str(src / "npy")
+    assert mtimes(src) == before
 
 
 def test_interrupted_run_leaves_no_split_and_no_partial_npy(tmp_path, monkeypatch):
     src, dst = binary_root(tmp_path / "src"), tmp_path / "dst"
     png2numpy(src, dst)
     make_csv_file_npy(dst)
-    for npy in dst.rglob("*.npy"):  # older than every source: all is converted again
-        os.utime(npy, ns=(0, 0))
+    for record in dst.rglob(".*.source"):  # no record: every .npy is converted again
+        record.unlink()
     replace, renames = os.replace, []
 
     def interrupted_replace(tmp, path):
         renames.append(path)
-        if len(renames) == 4:  # the temporary file is fully written, the rename not yet done
+        if len(renames) == 4:  # the second .npy is renamed, the temporary file of its record fully written
             raise KeyboardInterrupt
         replace(tmp, path)
 
@@ -251,7 +336,9 @@ def test_interrupted_run_leaves_no_split_and_no_partial_npy(tmp_path, monkeypatc
         read_split(str(dst), "train")
     for npy in dst.rglob("*.npy"):
         np.load(npy)  # every .npy there is whole
-    assert png2numpy(src, dst) == 2 * sum(GROUPS.values()) - 3
+    assert renames[2].endswith(".npy") and not os.path.exists(renames[3])
+    # Only the first .npy has its record; the second, renamed but without one, is converted again.
+    assert png2numpy(src, dst) == 2 * sum(GROUPS.values()) - 1
     make_csv_file_npy(dst)
     check_segmentation_files(*read_split(str(dst), "train"))
 
@@ -266,7 +353,7 @@ def test_demo_set_is_deterministic_binary_and_non_trivial(tmp_path):
     assert make_demo_pngs(tmp_path / "a", **args) == 12
     make_demo_pngs(tmp_path / "b", **args)
     files = tree(tmp_path / "a")
-    assert len(files) == 12 and files == tree(tmp_path / "b")
+    assert len(files) == 12 + 1 and files == tree(tmp_path / "b")  # the PNGs and the lock file
     make_demo_pngs(tmp_path / "c", seed=1, **args)
     assert tree(tmp_path / "c") != files
     before = mtimes(tmp_path / "a")
@@ -279,6 +366,77 @@ def test_demo_set_is_deterministic_binary_and_non_trivial(tmp_path):
         values = np.asarray(mask)
         assert set(np.unique(values).tolist()) == {0, 255}, mask_png
         assert 0 < (values == 255).mean() < 0.5, mask_png
+
+
+# ------------------------------------------------------------------------------------------
+# two runs at once
+# ------------------------------------------------------------------------------------------
+
+# Both children import first, then start on the parent's word, so they start together; every
+# write is slowed down, so that the two runs overlap and one has to wait for the other.
+CHILD = """
+import sys, time
+import data_processing
+
+write = data_processing._write_atomic
+
+
+def slow_write(path, data):
+    time.sleep(0.02)
+    write(path, data)
+
+
+data_processing._write_atomic = slow_write
+print("ready", flush=True)
+sys.stdin.readline()
+print(eval(sys.argv[1], vars(data_processing)))
+"""
+
+
+def at_once(call):
+    """[(exit status, stdout, stderr)] of two processes that evaluate ``call`` in data_processing together."""
+    children = [subprocess.Popen([sys.executable, "-c", CHILD, call], cwd=HERE, text=True,
+                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                for _ in range(2)]
+    ready = [child.stdout.readline() for child in children]
+    for child in children:
+        try:
+            child.stdin.write("go\n")
+            child.stdin.flush()
+        except BrokenPipeError:  # it died: its status and stderr tell why
+            pass
+    outputs = [child.communicate(timeout=120) for child in children]
+    results = [(child.returncode, out, err) for child, (out, err) in zip(children, outputs)]
+    assert ready == ["ready\n"] * 2, results
+    return results
+
+
+WAITING = ": waiting for another process writing there to finish"
+
+
+def only_waited(stderr):
+    return all(line.endswith(WAITING) for line in stderr.splitlines())
+
+
+def test_two_prepares_at_once_both_succeed_and_leave_a_complete_root(tmp_path):
+    src, reference = binary_root(tmp_path / "src"), binary_root(tmp_path / "reference")
+    results = at_once(f"prepare({str(src)!r})")
+    assert [(status, out) for status, out, _ in results] == [(0, f"{src / 'npy'}\n")] * 2, results
+    assert all(only_waited(err) for _, _, err in results), results
+    assert any(err for _, _, err in results), "neither run waited for the other"
+    prepare(str(reference))
+    assert tree(src / "npy") == tree(reference / "npy")
+    assert not partials(tmp_path)
+
+
+def test_two_demo_builds_at_once_write_each_file_once(tmp_path):
+    args = "n_per_group=2, groups=2, size=(32, 32)"
+    results = at_once(f"make_demo_pngs({str(tmp_path / 'demo')!r}, {args})")
+    assert sorted((status, out) for status, out, _ in results) == [(0, "0\n"), (0, "8\n")], results
+    assert sorted(err for _, _, err in results) == ["", f"{tmp_path / 'demo'}{WAITING}\n"]
+    make_demo_pngs(tmp_path / "reference", n_per_group=2, groups=2, size=(32, 32))
+    assert tree(tmp_path / "demo") == tree(tmp_path / "reference")
+    assert not partials(tmp_path)
 
 
 # ------------------------------------------------------------------------------------------
