@@ -509,7 +509,7 @@ def main(args):
         args.data = prepared_root(args.data)
     if ddp:
         dist.barrier()
-        args.data = prepared_root(args.data)  # now only finds what the first process made
+        args.data = prepared_root(DEMO_DIR if args.data == "demo" else args.data)  # finds what the first one made
     splits = {split: read_split(args.data, split) for split in ("train", "valid")}
     for imgs, lbls in splits.values():  # each process checks its share of the masks
         check_mask_values(lbls[ddp_rank::ddp_world_size], args.num_classes, args.workers)
