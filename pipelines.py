@@ -417,7 +417,7 @@ class _ClassifyPipeline(Pipeline):
             device=self.device, dtype=_dtype(dtype), output_layout="CHW", crop=(crop_size, crop_size),
             mean=list(IMAGENET_MEAN), std=list(IMAGENET_STD))
         # pad_last_batch: every shard returns the same number of batches (DDP needs equal step
-        # counts); the iterator drops the padding, so one epoch is exactly one pass.
+        # counts), padded with repeats of the shard's last sample; see classify_iterator.
         reader_args = dict(shard_id=shard_id, num_shards=num_shards, random_shuffle=shuffle, pad_last_batch=True,
                            name="Reader")
         self.layout = "folder" if file_list is not None else find_layout(data_dir)
@@ -562,10 +562,13 @@ class ClassifyValPipeline(_ClassifyPipeline):
 def classify_iterator(pipe):
     """One pass over the pipeline's shard per epoch: ``batch[0]["data"]``, ``batch[0]["label"]``.
 
-    The last batch is partial rather than padded or dropped, so every sample is seen once.
+    Training batches are always full: the reader pads its shard with repeats of the shard's last
+    sample, so every rank runs the same number of full batches, never one of a single sample
+    (BatchNorm needs more), and trains on a few real samples twice. Validation batches drop the
+    padding: every sample is seen exactly once.
     """
-    return DALIClassificationIterator(pipe, reader_name="Reader", last_batch_policy=LastBatchPolicy.PARTIAL,
-                                      auto_reset=True)
+    policy = LastBatchPolicy.FILL if isinstance(pipe, ClassifyTrainPipeline) else LastBatchPolicy.PARTIAL
+    return DALIClassificationIterator(pipe, reader_name="Reader", last_batch_policy=policy, auto_reset=True)
 
 
 # ------------------------------------------------------------------------------------------

@@ -7,6 +7,8 @@ import re
 import shutil
 import struct
 import tarfile
+from collections import Counter
+
 import numpy as np
 import pytest
 import torch
@@ -116,21 +118,48 @@ def test_labels_are_imagefolder_class_indices(solid_folder):
     assert sorted(set(labels)) == [0, 1, 2]
 
 
-@pytest.mark.parametrize("pipeline", [ClassifyTrainPipeline, ClassifyValPipeline])
-def test_one_epoch_sees_every_file_once(solid_folder, pipeline):
-    pipe = pipeline(4, 2, None, str(solid_folder), crop_size=24, seed=5)
-    everything = sorted((c, i) for c in range(len(CLASSES)) for i in range(PER_CLASS))
+EVERYTHING = sorted((c, i) for c in range(len(CLASSES)) for i in range(PER_CLASS))
+
+
+def test_val_epoch_sees_every_file_once(solid_folder):
+    pipe = ClassifyValPipeline(4, 2, None, str(solid_folder), crop_size=24)
     for _ in range(2):  # auto_reset: the second epoch is complete too
         seen, _ = one_epoch(pipe)
-        assert sorted(seen) == everything
+        assert sorted(seen) == EVERYTHING
 
 
-def test_two_shards_cover_the_dataset_once(solid_folder):
-    shards = [one_epoch(ClassifyTrainPipeline(4, 2, None, str(solid_folder), crop_size=24, shard_id=s,
-                                              num_shards=2, seed=5))[0] for s in range(2)]
+def batch_sizes_and_identities(pipe):
+    sizes, seen = [], []
+    for batch in classify_iterator(pipe):
+        sizes.append(batch[0]["data"].shape[0])
+        seen += identities(batch[0]["data"])
+    return sizes, seen
+
+
+def test_train_epoch_is_full_batches_of_real_samples(solid_folder):
+    pipe = ClassifyTrainPipeline(4, 2, None, str(solid_folder), crop_size=24, seed=5)
+    for _ in range(2):
+        sizes, seen = batch_sizes_and_identities(pipe)
+        assert sizes == [4] * 6  # 21 samples: the last batch is filled up to 4
+        assert sorted(set(seen)) == EVERYTHING  # every sample, nothing made up
+        assert sorted(Counter(seen).values()) == [1] * 20 + [4]  # the padding repeats one real sample
+
+
+def test_two_val_shards_cover_the_dataset_once(solid_folder):
+    shards = [one_epoch(ClassifyValPipeline(4, 2, None, str(solid_folder), crop_size=24, shard_id=s,
+                                            num_shards=2))[0] for s in range(2)]
     assert not set(shards[0]) & set(shards[1])
-    assert sorted(shards[0] + shards[1]) == sorted((c, i) for c in range(len(CLASSES)) for i in range(PER_CLASS))
+    assert sorted(shards[0] + shards[1]) == EVERYTHING
     assert abs(len(shards[0]) - len(shards[1])) <= 1
+
+
+def test_two_train_shards_run_equal_full_batches_and_cover_the_dataset(solid_folder):
+    shards = [batch_sizes_and_identities(ClassifyTrainPipeline(4, 2, None, str(solid_folder), crop_size=24,
+                                                               shard_id=s, num_shards=2, seed=5)) for s in range(2)]
+    # 10 and 11 samples: both shards are padded to 3 batches of 4, with repeats of their own samples
+    assert [sizes for sizes, _ in shards] == [[4, 4, 4], [4, 4, 4]]
+    assert not set(shards[0][1]) & set(shards[1][1])
+    assert sorted(set(shards[0][1]) | set(shards[1][1])) == EVERYTHING
 
 
 def test_same_seed_same_batches_other_seed_different(texture_folder):
