@@ -24,6 +24,7 @@ import functools
 import hashlib
 import io
 import json
+import math
 import os
 import re
 import struct
@@ -496,7 +497,8 @@ class _ClassifyPipeline(Pipeline):
 
 
 class ClassifyTrainPipeline(_ClassifyPipeline):
-    """ImageNet-style training input: random-resized-crop fused with decode, flip, normalize.
+    """ImageNet-style training input: random-resized-crop fused with decode, flip, normalize, and
+    optionally random erasing.
 
     Outputs ``(images, labels)``: images (B, 3, crop_size, crop_size) float32/float16,
     normalized with ImageNet mean/std, layout CHW; labels (B, 1) int32. ``data_dir`` is an
@@ -509,7 +511,7 @@ class ClassifyTrainPipeline(_ClassifyPipeline):
 
     def __init__(self, batch_size, num_threads, device_id, data_dir=None, crop_size=224, shard_id=0,
                  num_shards=1, seed=None, file_list=None, dtype="float32",
-                 random_area=(0.08, 1.0), random_aspect_ratio=(3 / 4, 4 / 3),
+                 random_area=(0.08, 1.0), random_aspect_ratio=(3 / 4, 4 / 3), random_erase=0.0,
                  label_offset=0, num_classes=None, classes=None,
                  hw_decoder_load=DEFAULT_HW_DECODER_LOAD, device_memory_padding=DEVICE_MEMORY_PADDING,
                  host_memory_padding=HOST_MEMORY_PADDING, prefetch_queue_depth=2, **pipeline_kwargs):
@@ -523,12 +525,32 @@ class ClassifyTrainPipeline(_ClassifyPipeline):
         self.resize = ops.Resize(device=self.device, resize_x=crop_size, resize_y=crop_size,
                                  interp_type=types.INTERP_TRIANGULAR, antialias=True)
         self.coin = ops.random.CoinFlip(probability=0.5)
+        self.random_erase = random_erase
+        if random_erase:
+            # torchvision's RandomErasing(p, scale=(0.02, 0.33), ratio=(0.3, 3.3), value=0), as its
+            # classification reference applies it: after normalization, so 0 is the mean colour.
+            self.erase_coin = ops.random.CoinFlip(probability=random_erase)
+            self.erase_area = ops.random.Uniform(range=[0.02, 0.33])
+            self.erase_log_ratio = ops.random.Uniform(range=[math.log(0.3), math.log(3.3)])
+            self.erase_where = ops.random.Uniform(range=[0.0, 1.0], shape=[2])
+            self.erase = ops.Erase(device=self.device, axis_names="HW", normalized=True, fill_value=0.0)
+
+    def erase_box(self, images):
+        # (height, width) as fractions of the square crop: sqrt(area * ratio), sqrt(area / ratio).
+        # torchvision redraws a box that does not fit (up to 10 times); here it is clipped to the
+        # crop, which only changes the rare largest, most elongated boxes. A sample whose coin came
+        # up 0 gets a box of size 0: nothing erased.
+        ratio = dmath.exp(self.erase_log_ratio() * types.Constant(np.array([1.0, -1.0], np.float32)))
+        size = dmath.min(dmath.sqrt(self.erase_area() * ratio), 1.0) * self.erase_coin()
+        return self.erase(images, anchor=self.erase_where() * (1.0 - size), shape=size)
 
     def define_graph(self):
         jpegs, labels = self.read()
         images = self.decode(jpegs)
         images = self.resize(images)
         images = self.normalize(images, mirror=self.coin())
+        if self.random_erase:
+            images = self.erase_box(images)
         return images, labels
 
 

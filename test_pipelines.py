@@ -440,12 +440,38 @@ def test_find_undecodable_names_the_sample_in_a_shard(split_root, fmt):
             assert b"not a png" in f.read(8 + struct.unpack("<Q", f.read(8))[0] + 4)
 
 
+@pytest.mark.parametrize("p", [1.0, 0.5, 0.0])
+def test_random_erase_blanks_one_box_of_torchvisions_size(solid_folder, p):
+    pipe = ClassifyTrainPipeline(16, 2, None, str(solid_folder), crop_size=64, seed=4, random_erase=p)
+    images = next(iter(classify_iterator(pipe)))[0]["data"].numpy()
+    areas = []
+    for image in images:
+        erased = (image == 0).all(axis=0)  # no solid colour here normalizes to exactly 0 in all channels
+        rest = image[:, ~erased]
+        assert np.ptp(rest, axis=1).max() < 1e-5  # the rest is the image's unchanged constant colour
+        r, g, _ = np.rint(rest[:, 0] * STD + MEAN).astype(int)
+        assert (r - 40) % 60 == 0 and (g - 10) % 20 == 0
+        if erased.any():
+            rows, cols = np.nonzero(erased)
+            height, width = np.ptp(rows) + 1, np.ptp(cols) + 1
+            assert height * width == erased.sum()  # one axis-aligned box
+            areas.append(erased.mean())
+    # a box side is rounded to whole pixels: at most 0.5 px * (64 + 64) + 0.25 px^2 of 64^2 off
+    assert all(0.02 - 0.016 <= a <= 0.33 + 0.016 for a in areas)
+    if p == 1.0:
+        assert len(areas) == 16 and 0.1 < np.mean(areas) < 0.25  # area ~ U(0.02, 0.33): mean 0.175
+    elif p == 0.5:
+        assert 0 < len(areas) < 16
+    else:
+        assert areas == []
+
+
 @pytest.mark.parametrize("fmt", ["folder", *FORMATS])
 def test_checkpoint_resumes_mid_epoch_with_the_same_batches(split_root, fmt):
     data = split_root / "train" if fmt == "folder" else to_shards(split_root, fmt) / "train"
 
     def loader(**kwargs):
-        return classify_iterator(ClassifyTrainPipeline(4, 1, None, str(data), crop_size=16, seed=3,
+        return classify_iterator(ClassifyTrainPipeline(4, 1, None, str(data), crop_size=16, seed=3, random_erase=0.5,
                                                        enable_checkpointing=True, **kwargs))
 
     def rest_and_next_epoch(it):
@@ -658,6 +684,19 @@ def test_gpu_mixed_decode_train(texture_folder):
     assert seen == 4 * len(CLASSES)
 
 
+
+@gpu
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_gpu_shards_train_with_random_erase(split_root, fmt):
+    pipe = ClassifyTrainPipeline(4, 2, 0, str(to_shards(split_root, fmt) / "train"), crop_size=32, seed=1,
+                                 dtype="float16", random_erase=1.0)
+    labels = []
+    for batch in classify_iterator(pipe):
+        images = batch[0]["data"]
+        assert images.device.type == "cuda" and images.dtype == torch.float16 and images.shape == (4, 3, 32, 32)
+        assert (images == 0).all(dim=1).flatten(1).any(dim=1).all()  # every image has an erased box
+        labels += batch[0]["label"].squeeze(-1).tolist()
+    assert len(labels) == 24 and set(labels) == {0, 1, 2}
 
 LEVEL = 1 / min(IMAGENET_STD)  # one 8-bit step, in normalized units
 
