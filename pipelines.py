@@ -515,9 +515,12 @@ class ClassifyTrainPipeline(_ClassifyPipeline):
                  label_offset=0, num_classes=None, classes=None,
                  hw_decoder_load=DEFAULT_HW_DECODER_LOAD, device_memory_padding=DEVICE_MEMORY_PADDING,
                  host_memory_padding=HOST_MEMORY_PADDING, prefetch_queue_depth=2, **pipeline_kwargs):
+        # DALI's GPU Erase has no float16 kernel: erase the float32 image, then cast it.
+        cast_after_erase = random_erase and dtype == "float16"
         super().__init__(batch_size, num_threads, device_id, data_dir, file_list, shard_id, num_shards, True, seed,
-                         crop_size, dtype, label_offset, num_classes, classes, hw_decoder_load, device_memory_padding,
-                         host_memory_padding, prefetch_queue_depth, pipeline_kwargs)
+                         crop_size, "float32" if cast_after_erase else dtype, label_offset, num_classes, classes,
+                         hw_decoder_load, device_memory_padding, host_memory_padding, prefetch_queue_depth,
+                         pipeline_kwargs)
         # Decoding only the random crop's region saves work on large images.
         self.decode = ops.decoders.ImageRandomCrop(
             device=self.decoder_device, output_type=types.RGB, random_area=list(random_area),
@@ -534,6 +537,7 @@ class ClassifyTrainPipeline(_ClassifyPipeline):
             self.erase_log_ratio = ops.random.Uniform(range=[math.log(0.3), math.log(3.3)])
             self.erase_where = ops.random.Uniform(range=[0.0, 1.0], shape=[2])
             self.erase = ops.Erase(device=self.device, axis_names="HW", normalized=True, fill_value=0.0)
+            self.to_float16 = ops.Cast(device=self.device, dtype=types.FLOAT16) if cast_after_erase else None
 
     def erase_box(self, images):
         # (height, width) as fractions of the square crop: sqrt(area * ratio), sqrt(area / ratio).
@@ -542,7 +546,8 @@ class ClassifyTrainPipeline(_ClassifyPipeline):
         # up 0 gets a box of size 0: nothing erased.
         ratio = dmath.exp(self.erase_log_ratio() * types.Constant(np.array([1.0, -1.0], np.float32)))
         size = dmath.min(dmath.sqrt(self.erase_area() * ratio), 1.0) * self.erase_coin()
-        return self.erase(images, anchor=self.erase_where() * (1.0 - size), shape=size)
+        images = self.erase(images, anchor=self.erase_where() * (1.0 - size), shape=size)
+        return self.to_float16(images) if self.to_float16 else images
 
     def define_graph(self):
         jpegs, labels = self.read()

@@ -466,6 +466,13 @@ def test_random_erase_blanks_one_box_of_torchvisions_size(solid_folder, p):
         assert areas == []
 
 
+def test_random_erase_in_float16(solid_folder):
+    pipe = ClassifyTrainPipeline(8, 2, None, str(solid_folder), crop_size=32, seed=4, dtype="float16", random_erase=1.0)
+    images = next(iter(classify_iterator(pipe)))[0]["data"]
+    assert images.dtype == torch.float16 and images.shape == (8, 3, 32, 32)
+    assert (images == 0).all(dim=1).flatten(1).any(dim=1).all()  # a box in every image
+
+
 @pytest.mark.parametrize("fmt", ["folder", *FORMATS])
 def test_checkpoint_resumes_mid_epoch_with_the_same_batches(split_root, fmt):
     data = split_root / "train" if fmt == "folder" else to_shards(split_root, fmt) / "train"
