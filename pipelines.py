@@ -203,8 +203,9 @@ def _example_features(f, end):
     that ``f`` is at and that ends at byte ``end``. Values are skipped, not read: indexing an
     ImageNet shard reads its names and labels, not its JPEGs."""
     features = {}
-    if f.tell() < end:  # Example.features, one length-delimited field
-        _varint(f), _varint(f)
+    if f.tell() < end:  # Example.features: a tag and a length, then the map entries to the end
+        _varint(f)
+        _varint(f)
     while f.tell() < end:  # Features.feature, a map: entries of key = 1, value = 2
         _varint(f)
         entry_end = _varint(f) + f.tell()

@@ -255,6 +255,23 @@ def test_shards_give_the_folder_pairs_once_per_epoch(split_root, fmt, num_shards
     assert pipe.files == shard_files(str(dst / "train"), fmt) and len(pipe.files) == 3
 
 
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_two_train_shards_cover_every_sample_each_epoch_as_shard_order_changes(split_root, fmt):
+    dst = to_shards(split_root, fmt)
+    # per-rank seeds, as a DDP trainer passes them; the shard order each epoch must still agree
+    loaders = [classify_iterator(ClassifyTrainPipeline(4, 1, None, str(dst / "train"), crop_size=16, shard_id=s,
+                                                       num_shards=2, seed=10 + s)) for s in range(2)]
+    orders = []
+    for _ in range(3):
+        seen = [[pair for b in it for pair in zip(identities(b[0]["data"]), b[0]["label"].squeeze(-1).tolist())]
+                for it in loaders]
+        assert [len(s) for s in seen] == [12, 12]  # 10 and 11 samples, each filled up to 3 batches of 4
+        assert not set(seen[0]) & set(seen[1])
+        assert sorted(set(seen[0]) | set(seen[1])) == expected_pairs("train")
+        orders.append(seen[0])
+    assert orders[0] != orders[1] != orders[2]
+
+
 class RawRead(ClassifyValPipeline):
     """The reader's output as stored: encoded image bytes and int32 labels."""
 
