@@ -19,14 +19,25 @@ Bad input (missing folders, unpaired or mis-shaped files) raises ``DataError`` n
 offending path before DALI builds anything.
 """
 
+import contextlib
+import functools
+import hashlib
+import io
+import json
+import math
 import os
+import re
+import struct
+import tarfile
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 from nvidia.dali import math as dmath
-from nvidia.dali import ops, types
+from nvidia.dali import ops, tfrecord, types
 from nvidia.dali.pipeline import Pipeline
 from nvidia.dali.plugin.base_iterator import LastBatchPolicy
 from nvidia.dali.plugin.pytorch import DALIClassificationIterator, DALIGenericIterator
+from PIL import Image
 
 # ImageNet statistics on the 0..255 scale that DALI's decoders produce.
 IMAGENET_MEAN = (0.485 * 255, 0.456 * 255, 0.406 * 255)
@@ -68,6 +79,22 @@ def _devices(device_id):
 # classification
 # ------------------------------------------------------------------------------------------
 
+# TensorFlow's shard names (train-00000-of-01024) have no extension; other writers use .tfrecord.
+TFRECORD_NAME = re.compile(r"[^.].*-\d{5}-of-\d{5}|[^.].*\.tfrecords?")
+TFRECORD_FEATURES = {"image/encoded": tfrecord.FixedLenFeature((), tfrecord.string, ""),
+                     "image/class/label": tfrecord.FixedLenFeature([1], tfrecord.int64, -1)}
+# A WebDataset sample is <key>.<image extension> + <key>.cls; the same image types as ImageFolder.
+WDS_IMAGE_EXTENSIONS = tuple(e[1:] for e in IMG_EXTENSIONS)
+# Longest .cls label in decimal digits: any class index that fits an int32.
+LABEL_DIGITS = 9
+# Samples a shuffling TFRecord/WebDataset reader holds and picks from at random. Those readers read
+# shards front to back, so this window is all the shuffling an epoch gets beyond the order the
+# shards were written in (make_shards.py shuffles at write time) and the shard order, which is
+# reshuffled every epoch. 4096 ImageNet JPEGs are ~450 MB of host memory per pipeline.
+SHUFFLE_BUFFER = 4096
+# Where the index of a shard in a read-only folder goes, keyed by the shard's absolute path.
+INDEX_CACHE = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "dali-indexes")
+
 
 def find_classes(data_dir):
     """Class names sorted exactly as torchvision's ImageFolder sorts them, and their indices."""
@@ -79,11 +106,22 @@ def find_classes(data_dir):
     return classes, {c: i for i, c in enumerate(classes)}
 
 
-def list_image_folder(data_dir):
-    """(files, labels, classes) of an ImageFolder tree, in torchvision's order."""
-    classes, class_to_idx = find_classes(data_dir)
+def list_image_folder(data_dir, classes=None):
+    """(files, labels, classes) of an ImageFolder tree, in torchvision's order.
+
+    ``classes`` (the training split's class names) numbers the labels by that list instead of by
+    this tree's own folders: a validation split that lacks some classes keeps train's indices, and
+    a folder that is not in the list is an error.
+    """
+    found, class_to_idx = find_classes(data_dir)
+    if classes is not None:
+        class_to_idx = {c: i for i, c in enumerate(classes)}
+        for c in found:
+            if c not in class_to_idx:
+                raise DataError(f"{os.path.join(data_dir, c)}: class {c!r} is not one of the {len(classes)} "
+                                f"training classes")
     files, labels = [], []
-    for c in classes:
+    for c in found:
         class_files = []
         for root, _, names in sorted(os.walk(os.path.join(data_dir, c), followlinks=True)):
             class_files += [os.path.join(root, n) for n in sorted(names) if n.lower().endswith(IMG_EXTENSIONS)]
@@ -94,16 +132,283 @@ def list_image_folder(data_dir):
             )
         files += class_files
         labels += [class_to_idx[c]] * len(class_files)
-    return files, labels, classes
+    return files, labels, found if classes is None else list(classes)
+
+
+def find_layout(split_dir):
+    """What ``split_dir`` holds: "folder" (class folders), "tfrecord" or "wds" (WebDataset .tar shards)."""
+    if not os.path.isdir(split_dir):
+        raise DataError(f"{split_dir}: no such directory (expected class folders, TFRecord files or .tar shards)")
+    found = set()
+    for e in os.scandir(split_dir):
+        if e.is_dir():
+            found.add("folder")
+        elif TFRECORD_NAME.fullmatch(e.name):
+            found.add("tfrecord")
+        elif e.name.endswith(".tar") and not e.name.startswith("."):
+            found.add("wds")
+    if not found:
+        raise DataError(f"{split_dir}: no class folders, TFRecord files or .tar shards in it (expected "
+                        f"<dir>/<class>/<image>, <dir>/*.tfrecord or <dir>/train-00000-of-01024, or <dir>/*.tar)")
+    if len(found) > 1:
+        raise DataError(f"{split_dir}: holds {' and '.join(sorted(found))} data; keep one layout in a folder")
+    return found.pop()
+
+
+def shard_files(split_dir, layout):
+    """The TFRecord files or tar shards of a split, sorted by name."""
+    match = TFRECORD_NAME.fullmatch if layout == "tfrecord" else lambda n: n.endswith(".tar") and n[0] != "."
+    return sorted(os.path.join(split_dir, n) for n in os.listdir(split_dir) if match(n))
+
+
+def read_classes_txt(split_dir):
+    """The class names in ``split_dir/classes.txt`` (one a line, in index order), or None without one."""
+    path = os.path.join(split_dir, "classes.txt")
+    if not os.path.isfile(path):
+        return None
+    with open(path, encoding="utf-8") as f:
+        return [line.rstrip("\r\n") for line in f if line.strip()]
+
+
+@contextlib.contextmanager
+def atomic_open(path, mode="wb"):
+    """A file that appears under ``path`` only once it is completely written (a temporary name in
+    the same folder, then a rename), so a killed writer never leaves half a file behind that name."""
+    folder, name = os.path.split(path)
+    tmp = os.path.join(folder, f".{name}.{os.getpid()}.partial")
+    try:
+        with open(tmp, mode) as f:
+            yield f
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def _varint(f):
+    """One protobuf varint read from ``f``."""
+    value = shift = 0
+    while True:
+        byte = f.read(1)
+        if not byte:
+            raise EOFError
+        value |= (byte[0] & 0x7F) << shift
+        if byte[0] < 0x80:
+            return value
+        shift += 7
+
+
+def _example_features(f, end):
+    """{feature name: (offset, length) of its serialized tf.train.Feature} of the tf.train.Example
+    that ``f`` is at and that ends at byte ``end``. Values are skipped, not read: indexing an
+    ImageNet shard reads its names and labels, not its JPEGs."""
+    features = {}
+    if f.tell() < end:  # Example.features: a tag and a length, then the map entries to the end
+        _varint(f)
+        _varint(f)
+    while f.tell() < end:  # Features.feature, a map: entries of key = 1, value = 2
+        _varint(f)
+        entry_end = _varint(f) + f.tell()
+        key = value = None
+        while f.tell() < entry_end:
+            field, length = _varint(f) >> 3, _varint(f)
+            if field == 1:
+                key = f.read(length).decode()
+            else:
+                value = (f.tell(), length)
+                f.seek(length, os.SEEK_CUR)
+        features[key] = value
+    return features
+
+
+def _feature_values(f, where):
+    """The values of the serialized tf.train.Feature at ``where``: bytes (bytes_list) or ints (int64_list)."""
+    f.seek(where[0])
+    feature = io.BytesIO(f.read(where[1]))
+    kind = _varint(feature) >> 3  # 1 bytes_list, 2 float_list, 3 int64_list
+    values_end = _varint(feature) + feature.tell()
+    values = []
+    while feature.tell() < values_end:
+        wire_type = _varint(feature) & 7
+        if wire_type == 0:  # one unpacked int64
+            values.append(_varint(feature))
+        elif kind == 3:  # packed int64s
+            packed = io.BytesIO(feature.read(_varint(feature)))
+            while packed.tell() < len(packed.getbuffer()):
+                values.append(_varint(packed))
+        else:
+            values.append(feature.read(_varint(feature)))
+    # int64 is two's complement in a varint
+    return [v - (1 << 64) if isinstance(v, int) and v >= 1 << 63 else v for v in values]
+
+
+def _tfrecord_records(shard):
+    """(index, offset, length, features as from ``_example_features``, open file) of each record of a TFRecord file."""
+    size = os.path.getsize(shard)
+    with open(shard, "rb") as f:
+        i = 0
+        while f.tell() < size:
+            start = f.tell()
+            header = f.read(12)  # uint64 length, uint32 masked CRC of the length
+            length = struct.unpack("<Q", header[:8])[0] if len(header) == 12 else size
+            end = start + 12 + length + 4  # ... then the serialized Example and its CRC
+            if end > size:
+                raise DataError(f"{shard}: truncated or not a TFRecord file (record {i} at byte {start} runs past "
+                                f"the end of the file); write it again")
+            try:
+                features = _example_features(f, end - 4)
+            except (EOFError, UnicodeDecodeError):
+                raise DataError(f"{shard}: record {i} is not a tf.train.Example") from None
+            yield i, start, end - start, features, f
+            f.seek(end)
+            i += 1
+
+
+def _tar_samples(shard):
+    """(key, {extension: member}, open tar) of each sample of a WebDataset tar, in file order."""
+    size = os.path.getsize(shard)
+    try:
+        with tarfile.open(shard, "r:") as tar:
+            key, parts = None, {}
+            for member in tar:  # reads the headers only
+                name = os.path.basename(member.name)
+                if not member.isfile() or name.startswith("."):
+                    continue
+                if member.offset_data + member.size > size:
+                    raise DataError(f"{shard}: truncated ({member.name} runs past the end of the file); write it again")
+                # WebDataset's key: the path up to the first dot of the file name; the rest is the extension
+                stem, _, ext = name.partition(".")
+                if member.name[:-len(name)] + stem != key:
+                    if parts:
+                        yield key, parts, tar
+                    key, parts = member.name[:-len(name)] + stem, {}
+                parts[ext] = member
+            if parts:
+                yield key, parts, tar
+            # a tar cut between two members reads as a shorter archive; only its missing end marker
+            # (two zero blocks) tells
+            tar.fileobj.seek(tar.offset)
+            if tar.fileobj.read(1024) != bytes(1024):
+                raise DataError(f"{shard}: truncated (no end-of-archive marker after its last member); write it again")
+    except tarfile.TarError as e:
+        raise DataError(f"{shard}: not an uncompressed tar file ({e})") from None
+
+
+def _scan_shard(shard, layout):
+    """(DALI's index of ``shard`` as text, [lowest, highest] stored label, number of samples)."""
+    lines, labels = [], []
+    if layout == "tfrecord":
+        for i, start, length, features, f in _tfrecord_records(shard):
+            if "image/encoded" not in features or "image/class/label" not in features:
+                raise DataError(f"{shard}: record {i} lacks the image/encoded or image/class/label feature")
+            labels.append(_feature_values(f, features["image/class/label"])[0])
+            lines.append(f"{start} {length}\n")
+    else:
+        for key, parts, tar in _tar_samples(shard):
+            images = [ext for ext in parts if ext in WDS_IMAGE_EXTENSIONS]
+            if len(images) != 1 or "cls" not in parts:
+                raise DataError(f"{shard}: sample {key} has {', '.join(sorted(parts))}; expected one image "
+                                f"({', '.join(WDS_IMAGE_EXTENSIONS)}) and a .cls label")
+            text = tar.extractfile(parts["cls"]).read()
+            if not (text.isdigit() and len(text) <= LABEL_DIGITS):
+                raise DataError(f"{shard}: sample {key}: .cls holds {text[:20]!r}; expected the class index in "
+                                f"decimal digits")
+            labels.append(int(text))
+            lines.append(" ".join(f"{ext} {m.offset_data} {m.size} {m.name}" for ext, m in parts.items()) + "\n")
+        lines.insert(0, f"v1.2 {len(lines)}\n")
+    if not labels:
+        raise DataError(f"{shard}: holds no samples")
+    return "".join(lines), [min(labels), max(labels)], len(labels)
+
+
+def shard_index(shard, layout):
+    """(path of DALI's index of ``shard``, {"samples": n, "labels": [lowest, highest] stored label}).
+
+    The index is built on first use, beside the shard or, when its folder is read-only, under
+    ``INDEX_CACHE``. A summary beside the index records the shard's size and modification time; an
+    index whose shard no longer matches them (rewritten, truncated) is built again, never trusted.
+    """
+    stat = os.stat(shard)
+    source = {"bytes": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+    beside = shard + ".idx"
+    cached = os.path.join(INDEX_CACHE, hashlib.sha1(os.path.abspath(shard).encode()).hexdigest()[:16],
+                          os.path.basename(shard) + ".idx")
+    for index in (beside, cached):
+        try:
+            with open(index + ".json") as f:
+                summary = json.load(f)
+            if summary["shard"] == source and summary["index_bytes"] == os.path.getsize(index):
+                return index, summary
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+    index = beside if os.access(os.path.dirname(os.path.abspath(shard)), os.W_OK) else cached
+    text, labels, samples = _scan_shard(shard, layout)
+    summary = {"shard": source, "index_bytes": len(text.encode()), "samples": samples, "labels": labels}
+    os.makedirs(os.path.dirname(index), exist_ok=True)
+    with atomic_open(index, "w") as f:
+        f.write(text)
+    with atomic_open(index + ".json", "w") as f:  # last: the index counts only once this exists
+        json.dump(summary, f)
+    return index, summary
+
+
+def _check_labels(ranges, label_offset, num_classes):
+    """Stop on a stored label that is outside [0, num_classes) once ``label_offset`` is taken off."""
+    for where, lowest, highest in ranges:
+        for label in (lowest, highest):
+            if not 0 <= label - label_offset < (num_classes if num_classes is not None else float("inf")):
+                raise DataError(f"{where}: stored label {label} minus label_offset {label_offset} is outside "
+                                f"[0, {num_classes if num_classes is not None else 'inf'})")
+
+
+def _decodes(source):
+    """Whether PIL fully decodes an image file or its bytes."""
+    try:
+        with Image.open(source if isinstance(source, str) else io.BytesIO(source)) as image:
+            image.load()
+        return True
+    except Exception:
+        return False
+
+
+def _first_undecodable(layout, path):
+    """The first sample of a file or shard that does not decode, described in one line, or None."""
+    if layout == "folder":
+        return None if _decodes(path) else path
+    if layout == "tfrecord":
+        for i, _, _, features, f in _tfrecord_records(path):
+            if "image/encoded" not in features or not _decodes(_feature_values(f, features["image/encoded"])[0]):
+                return f"{path}: sample {i}"
+        return None
+    for key, parts, tar in _tar_samples(path):
+        if not any(_decodes(tar.extractfile(m).read()) for ext, m in parts.items() if ext in WDS_IMAGE_EXTENSIONS):
+            return f"{path}: sample {key}"
+    return None
+
+
+def find_undecodable(pipe):
+    """The first sample of ``pipe``'s data that PIL cannot decode, or None: "<file>" for an image
+    file, "<shard>: sample <record index or key>" in a shard. Files are scanned in parallel; meant
+    for after DALI's decoder failed, to name the culprit."""
+    with ThreadPoolExecutor(min(16, os.cpu_count() or 1)) as pool:
+        found = pool.map(functools.partial(_first_undecodable, pipe.layout), pipe.files)
+        return next((f for f in found if f is not None), None)
 
 
 class _ClassifyPipeline(Pipeline):
-    """What the classification pipelines share: the reader (an ImageFolder tree or a DALI
-    file_list), where the decoder and the other operators run, and the final normalization."""
+    """What the classification pipelines share: the reader (an ImageFolder tree, a DALI file_list,
+    TFRecord files or WebDataset tars), its labels, where the decoder and the other operators run,
+    and the final normalization.
+
+    Attributes for the trainer: ``layout`` ("folder" for a tree or a file_list, "tfrecord", "wds"),
+    ``classes`` (class names in index order, or None when unknown), ``num_classes`` (or None),
+    ``num_samples`` (the whole split, all shards) and ``files`` (image files or shards, for
+    ``find_undecodable``).
+    """
 
     def __init__(self, batch_size, num_threads, device_id, data_dir, file_list, shard_id, num_shards,
-                 shuffle, seed, crop_size, dtype, hw_decoder_load, device_memory_padding, host_memory_padding,
-                 prefetch_queue_depth, pipeline_kwargs):
+                 shuffle, seed, crop_size, dtype, label_offset, num_classes, classes, hw_decoder_load,
+                 device_memory_padding, host_memory_padding, prefetch_queue_depth, pipeline_kwargs):
         super().__init__(batch_size, num_threads, device_id, seed=seed,
                          prefetch_queue_depth=prefetch_queue_depth, **pipeline_kwargs)
         self.decoder_device, self.device = _devices(device_id)
@@ -113,38 +418,110 @@ class _ClassifyPipeline(Pipeline):
         self.normalize = ops.CropMirrorNormalize(
             device=self.device, dtype=_dtype(dtype), output_layout="CHW", crop=(crop_size, crop_size),
             mean=list(IMAGENET_MEAN), std=list(IMAGENET_STD))
-        if file_list is not None:
-            if not os.path.isfile(file_list):
-                raise DataError(f"{file_list}: no such file (expected lines '<path relative to data_dir> <label>')")
-            source = dict(file_root=data_dir, file_list=file_list)
-            with open(file_list) as f:
-                self.files = [os.path.join(data_dir, line.rsplit(maxsplit=1)[0]) for line in f if line.strip()]
-            self.classes = None
-        else:
-            self.files, labels, self.classes = list_image_folder(data_dir)
-            source = dict(files=self.files, labels=labels)
         # pad_last_batch: every shard returns the same number of batches (DDP needs equal step
-        # counts); the iterator drops the padding, so one epoch is exactly one pass.
-        self.reader = ops.readers.File(**source, shard_id=shard_id, num_shards=num_shards,
-                                       random_shuffle=shuffle, pad_last_batch=True, name="Reader")
+        # counts), padded with repeats of the shard's last sample; see classify_iterator.
+        reader_args = dict(shard_id=shard_id, num_shards=num_shards, random_shuffle=shuffle, pad_last_batch=True,
+                           name="Reader")
+        self.layout = "folder" if file_list is not None else find_layout(data_dir)
+        if file_list is not None:
+            ranges = self._use_file_list(data_dir, file_list, classes, reader_args)
+        elif self.layout == "folder":
+            ranges = self._use_folder(data_dir, classes, reader_args)
+        else:
+            ranges = self._use_shards(data_dir, classes, shuffle, reader_args)
+        if num_classes is None and self.classes is not None:
+            num_classes = len(self.classes)
+        self.num_classes = num_classes
+        _check_labels(ranges, label_offset, self.num_classes)
+        self.label_offset = label_offset
+        self.to_int32 = ops.Cast(dtype=types.INT32)
+
+    def _use_file_list(self, data_dir, file_list, classes, reader_args):
+        if not os.path.isfile(file_list):
+            raise DataError(f"{file_list}: no such file (expected lines '<path relative to data_dir> <label>')")
+        with open(file_list) as f:
+            entries = [line.rsplit(maxsplit=1) for line in f if line.strip()]
+        if not all(len(e) == 2 and e[1].lstrip("-").isdigit() for e in entries):
+            raise DataError(f"{file_list}: expected lines '<path relative to data_dir> <label>'")
+        self.files = [os.path.join(data_dir, path) for path, _ in entries]
+        self.classes, self.num_samples = classes, len(entries)
+        self.reader = ops.readers.File(file_root=data_dir, file_list=file_list, **reader_args)
+        labels = [int(label) for _, label in entries]
+        return [(file_list, min(labels), max(labels))] if labels else []
+
+    def _use_folder(self, data_dir, classes, reader_args):
+        self.files, labels, self.classes = list_image_folder(data_dir, classes)
+        self.num_samples = len(self.files)
+        self.reader = ops.readers.File(files=self.files, labels=labels, **reader_args)
+        return [(data_dir, min(labels), max(labels))]
+
+    def _use_shards(self, data_dir, classes, shuffle, reader_args):
+        self.files = shard_files(data_dir, self.layout)
+        indexes, summaries = zip(*(shard_index(shard, self.layout) for shard in self.files))
+        self.num_samples = sum(s["samples"] for s in summaries)
+        listed = read_classes_txt(data_dir)
+        if classes is not None and listed is not None and list(classes) != listed:
+            raise DataError(f"{os.path.join(data_dir, 'classes.txt')}: its {len(listed)} classes differ from the "
+                            f"{len(classes)} training classes (names and index order must match)")
+        self.classes = list(classes) if classes is not None else listed
+        if shuffle:
+            # Whole shards in a new order every epoch (the same order on every rank: the default
+            # shuffle_after_epoch_seed, not the per-rank seed), samples from a SHUFFLE_BUFFER window.
+            reader_args.update(initial_fill=SHUFFLE_BUFFER, shuffle_after_epoch=True)
+        if self.layout == "tfrecord":
+            self.reader = ops.readers.TFRecord(path=self.files, index_path=list(indexes), features=TFRECORD_FEATURES,
+                                               **reader_args)
+        else:
+            self.reader = ops.readers.Webdataset(paths=self.files, index_paths=list(indexes),
+                                                 ext=[";".join(WDS_IMAGE_EXTENSIONS), "cls"],
+                                                 missing_component_behavior="error", **reader_args)
+            self.pad_digits = ops.Pad(fill_value=ord("0"), shape=[LABEL_DIGITS])
+            self.to_int64 = ops.Cast(dtype=types.INT64)
+            self.sum = ops.reductions.Sum(keep_dims=True)
+        return [(shard, *s["labels"]) for shard, s in zip(self.files, summaries)]
+
+    def read(self):
+        """Encoded images and their labels, int32 of shape (1,), less ``label_offset``."""
+        if self.layout == "tfrecord":
+            record = self.reader()
+            images, labels = record["image/encoded"], record["image/class/label"]
+        elif self.layout == "wds":
+            images, text = self.reader()
+            # .cls holds the label as ASCII digits ("103"). Padded on the right with "0" to
+            # LABEL_DIGITS digits it reads as label * 10 ** padding; the division takes that off.
+            digits = self.to_int64(self.pad_digits(text)) - ord("0")
+            place_values = types.Constant(10 ** np.arange(LABEL_DIGITS - 1, -1, -1, dtype=np.int64))
+            labels = self.sum(digits * place_values) // 10 ** (LABEL_DIGITS - text.shape(dtype=types.INT64))
+        else:
+            images, labels = self.reader()
+        return images, self.to_int32(labels - self.label_offset)
 
 
 class ClassifyTrainPipeline(_ClassifyPipeline):
-    """ImageNet-style training input: random-resized-crop fused with decode, flip, normalize.
+    """ImageNet-style training input: random-resized-crop fused with decode, flip, normalize, and
+    optionally random erasing.
 
     Outputs ``(images, labels)``: images (B, 3, crop_size, crop_size) float32/float16,
-    normalized with ImageNet mean/std, layout CHW; labels (B, 1) int32. Further keyword
-    arguments go to DALI's ``Pipeline`` (``exec_dynamic``, ``set_affinity``, ...).
+    normalized with ImageNet mean/std, layout CHW; labels (B, 1) int32. ``data_dir`` is an
+    ImageFolder tree, or a folder of TFRecord files or WebDataset tars (see ``find_layout``).
+    ``label_offset`` is subtracted from stored labels (1 for TensorFlow's ImageNet TFRecords, which
+    store 1..1000); ``classes`` (the training class names) numbers a folder's labels by name.
+    Further keyword arguments go to DALI's ``Pipeline`` (``exec_dynamic``, ``set_affinity``,
+    ``enable_checkpointing``, ``checkpoint``, ...).
     """
 
     def __init__(self, batch_size, num_threads, device_id, data_dir=None, crop_size=224, shard_id=0,
                  num_shards=1, seed=None, file_list=None, dtype="float32",
-                 random_area=(0.08, 1.0), random_aspect_ratio=(3 / 4, 4 / 3),
+                 random_area=(0.08, 1.0), random_aspect_ratio=(3 / 4, 4 / 3), random_erase=0.0,
+                 label_offset=0, num_classes=None, classes=None,
                  hw_decoder_load=DEFAULT_HW_DECODER_LOAD, device_memory_padding=DEVICE_MEMORY_PADDING,
                  host_memory_padding=HOST_MEMORY_PADDING, prefetch_queue_depth=2, **pipeline_kwargs):
+        # DALI's GPU Erase has no float16 kernel: erase the float32 image, then cast it.
+        cast_after_erase = random_erase and dtype == "float16"
         super().__init__(batch_size, num_threads, device_id, data_dir, file_list, shard_id, num_shards, True, seed,
-                         crop_size, dtype, hw_decoder_load, device_memory_padding, host_memory_padding,
-                         prefetch_queue_depth, pipeline_kwargs)
+                         crop_size, "float32" if cast_after_erase else dtype, label_offset, num_classes, classes,
+                         hw_decoder_load, device_memory_padding, host_memory_padding, prefetch_queue_depth,
+                         pipeline_kwargs)
         # Decoding only the random crop's region saves work on large images.
         self.decode = ops.decoders.ImageRandomCrop(
             device=self.decoder_device, output_type=types.RGB, random_area=list(random_area),
@@ -152,34 +529,58 @@ class ClassifyTrainPipeline(_ClassifyPipeline):
         self.resize = ops.Resize(device=self.device, resize_x=crop_size, resize_y=crop_size,
                                  interp_type=types.INTERP_TRIANGULAR, antialias=True)
         self.coin = ops.random.CoinFlip(probability=0.5)
+        self.random_erase = random_erase
+        if random_erase:
+            # torchvision's RandomErasing(p, scale=(0.02, 0.33), ratio=(0.3, 3.3), value=0), as its
+            # classification reference applies it: after normalization, so 0 is the mean colour.
+            self.erase_coin = ops.random.CoinFlip(probability=random_erase)
+            self.erase_area = ops.random.Uniform(range=[0.02, 0.33])
+            self.erase_log_ratio = ops.random.Uniform(range=[math.log(0.3), math.log(3.3)])
+            self.erase_where = ops.random.Uniform(range=[0.0, 1.0], shape=[2])
+            self.erase = ops.Erase(device=self.device, axis_names="HW", normalized=True, fill_value=0.0)
+            self.to_float16 = ops.Cast(device=self.device, dtype=types.FLOAT16) if cast_after_erase else None
+
+    def erase_box(self, images):
+        # (height, width) as fractions of the square crop: sqrt(area * ratio), sqrt(area / ratio).
+        # torchvision redraws a box that does not fit (up to 10 times); here it is clipped to the
+        # crop, which only changes the rare largest, most elongated boxes. A sample whose coin came
+        # up 0 gets a box of size 0: nothing erased.
+        ratio = dmath.exp(self.erase_log_ratio() * types.Constant(np.array([1.0, -1.0], np.float32)))
+        size = dmath.min(dmath.sqrt(self.erase_area() * ratio), 1.0) * self.erase_coin()
+        images = self.erase(images, anchor=self.erase_where() * (1.0 - size), shape=size)
+        return self.to_float16(images) if self.to_float16 else images
 
     def define_graph(self):
-        jpegs, labels = self.reader()
+        jpegs, labels = self.read()
         images = self.decode(jpegs)
         images = self.resize(images)
         images = self.normalize(images, mirror=self.coin())
+        if self.random_erase:
+            images = self.erase_box(images)
         return images, labels
 
 
 class ClassifyValPipeline(_ClassifyPipeline):
     """Validation input: decode, resize the shorter side to ``resize_size``, center crop, normalize.
 
-    Same outputs as ``ClassifyTrainPipeline``; files are read in order, not shuffled.
+    Same outputs and data arguments as ``ClassifyTrainPipeline``; samples are read in order, not
+    shuffled. Pass the training pipeline's ``classes`` so validation labels use train's indices.
     """
 
     def __init__(self, batch_size, num_threads, device_id, data_dir=None, crop_size=224, resize_size=256,
                  shard_id=0, num_shards=1, seed=None, file_list=None, dtype="float32",
+                 label_offset=0, num_classes=None, classes=None,
                  hw_decoder_load=DEFAULT_HW_DECODER_LOAD, device_memory_padding=DEVICE_MEMORY_PADDING,
                  host_memory_padding=HOST_MEMORY_PADDING, prefetch_queue_depth=2, **pipeline_kwargs):
         super().__init__(batch_size, num_threads, device_id, data_dir, file_list, shard_id, num_shards, False, seed,
-                         crop_size, dtype, hw_decoder_load, device_memory_padding, host_memory_padding,
-                         prefetch_queue_depth, pipeline_kwargs)
+                         crop_size, dtype, label_offset, num_classes, classes, hw_decoder_load, device_memory_padding,
+                         host_memory_padding, prefetch_queue_depth, pipeline_kwargs)
         self.decode = ops.decoders.Image(device=self.decoder_device, output_type=types.RGB, **self.decoder_args)
         self.resize = ops.Resize(device=self.device, resize_shorter=resize_size,
                                  interp_type=types.INTERP_TRIANGULAR, antialias=True)
 
     def define_graph(self):
-        jpegs, labels = self.reader()
+        jpegs, labels = self.read()
         images = self.decode(jpegs)
         images = self.resize(images)
         images = self.normalize(images)
@@ -189,10 +590,13 @@ class ClassifyValPipeline(_ClassifyPipeline):
 def classify_iterator(pipe):
     """One pass over the pipeline's shard per epoch: ``batch[0]["data"]``, ``batch[0]["label"]``.
 
-    The last batch is partial rather than padded or dropped, so every sample is seen once.
+    Training batches are always full: the reader pads its shard with repeats of the shard's last
+    sample, so every rank runs the same number of full batches, never one of a single sample
+    (BatchNorm needs more), and trains on a few real samples twice. Validation batches drop the
+    padding: every sample is seen exactly once.
     """
-    return DALIClassificationIterator(pipe, reader_name="Reader", last_batch_policy=LastBatchPolicy.PARTIAL,
-                                      auto_reset=True)
+    policy = LastBatchPolicy.FILL if isinstance(pipe, ClassifyTrainPipeline) else LastBatchPolicy.PARTIAL
+    return DALIClassificationIterator(pipe, reader_name="Reader", last_batch_policy=policy, auto_reset=True)
 
 
 # ------------------------------------------------------------------------------------------

@@ -1,12 +1,23 @@
 """Tests of pipelines.py on tiny data built in tmp_path. CPU-only DALI everywhere; the GPU tests at
 the end run where a CUDA device is visible (see README: they were run on an H200)."""
 
+import json
+import os
+import re
+import shutil
+import struct
+import tarfile
+from collections import Counter
+
 import numpy as np
 import pytest
 import torch
+from nvidia.dali import types
 from PIL import Image
 from torchvision.datasets import ImageFolder
 
+import pipelines
+from make_shards import make_shards, write_tar, write_tfrecord
 from pipelines import (
     IMAGENET_MEAN,
     IMAGENET_STD,
@@ -17,6 +28,10 @@ from pipelines import (
     SegmentValPipeline,
     classify_iterator,
     fetch_dali_loader,
+    find_layout,
+    find_undecodable,
+    list_image_folder,
+    shard_files,
 )
 
 MEAN = np.array(IMAGENET_MEAN, dtype=np.float32)
@@ -103,21 +118,48 @@ def test_labels_are_imagefolder_class_indices(solid_folder):
     assert sorted(set(labels)) == [0, 1, 2]
 
 
-@pytest.mark.parametrize("pipeline", [ClassifyTrainPipeline, ClassifyValPipeline])
-def test_one_epoch_sees_every_file_once(solid_folder, pipeline):
-    pipe = pipeline(4, 2, None, str(solid_folder), crop_size=24, seed=5)
-    everything = sorted((c, i) for c in range(len(CLASSES)) for i in range(PER_CLASS))
+EVERYTHING = sorted((c, i) for c in range(len(CLASSES)) for i in range(PER_CLASS))
+
+
+def test_val_epoch_sees_every_file_once(solid_folder):
+    pipe = ClassifyValPipeline(4, 2, None, str(solid_folder), crop_size=24)
     for _ in range(2):  # auto_reset: the second epoch is complete too
         seen, _ = one_epoch(pipe)
-        assert sorted(seen) == everything
+        assert sorted(seen) == EVERYTHING
 
 
-def test_two_shards_cover_the_dataset_once(solid_folder):
-    shards = [one_epoch(ClassifyTrainPipeline(4, 2, None, str(solid_folder), crop_size=24, shard_id=s,
-                                              num_shards=2, seed=5))[0] for s in range(2)]
+def batch_sizes_and_identities(pipe):
+    sizes, seen = [], []
+    for batch in classify_iterator(pipe):
+        sizes.append(batch[0]["data"].shape[0])
+        seen += identities(batch[0]["data"])
+    return sizes, seen
+
+
+def test_train_epoch_is_full_batches_of_real_samples(solid_folder):
+    pipe = ClassifyTrainPipeline(4, 2, None, str(solid_folder), crop_size=24, seed=5)
+    for _ in range(2):
+        sizes, seen = batch_sizes_and_identities(pipe)
+        assert sizes == [4] * 6  # 21 samples: the last batch is filled up to 4
+        assert sorted(set(seen)) == EVERYTHING  # every sample, nothing made up
+        assert sorted(Counter(seen).values()) == [1] * 20 + [4]  # the padding repeats one real sample
+
+
+def test_two_val_shards_cover_the_dataset_once(solid_folder):
+    shards = [one_epoch(ClassifyValPipeline(4, 2, None, str(solid_folder), crop_size=24, shard_id=s,
+                                            num_shards=2))[0] for s in range(2)]
     assert not set(shards[0]) & set(shards[1])
-    assert sorted(shards[0] + shards[1]) == sorted((c, i) for c in range(len(CLASSES)) for i in range(PER_CLASS))
+    assert sorted(shards[0] + shards[1]) == EVERYTHING
     assert abs(len(shards[0]) - len(shards[1])) <= 1
+
+
+def test_two_train_shards_run_equal_full_batches_and_cover_the_dataset(solid_folder):
+    shards = [batch_sizes_and_identities(ClassifyTrainPipeline(4, 2, None, str(solid_folder), crop_size=24,
+                                                               shard_id=s, num_shards=2, seed=5)) for s in range(2)]
+    # 10 and 11 samples: both shards are padded to 3 batches of 4, with repeats of their own samples
+    assert [sizes for sizes, _ in shards] == [[4, 4, 4], [4, 4, 4]]
+    assert not set(shards[0][1]) & set(shards[1][1])
+    assert sorted(set(shards[0][1]) | set(shards[1][1])) == EVERYTHING
 
 
 def test_same_seed_same_batches_other_seed_different(texture_folder):
@@ -156,6 +198,317 @@ def test_file_list(tmp_path, solid_folder):
     batch = next(iter(classify_iterator(pipe)))[0]
     assert batch["label"].squeeze(-1).tolist() == [5, 9]
     assert identities(batch["data"]) == [(0, 0), (1, 3)]
+
+
+# ------------------------------------------------------------------------------------------
+# classification: TFRecord and WebDataset shards, labels, classes by name, random erasing
+# ------------------------------------------------------------------------------------------
+
+FORMATS = ["tfrecord", "wds"]
+# torchvision's indices of CLASSES, which every split is labelled by
+TRAIN_INDEX = {"Apple": 0, "b c": 1, "zebra": 2}
+VAL_CLASSES = ["zebra", "b c"]
+
+
+@pytest.fixture
+def split_root(tmp_path):
+    """An ImageFolder root: train/ with every class of CLASSES, val/ with two of them; solid-colour PNGs."""
+    root = tmp_path / "folder"
+    for split, names, n in (("train", CLASSES, PER_CLASS), ("val", VAL_CLASSES, 2)):
+        for name in names:
+            c = CLASSES.index(name)
+            (root / split / name).mkdir(parents=True)
+            for i in range(n):
+                Image.new("RGB", (40 + 8 * i, 56 - 4 * c), solid_colour(c, i)).save(root / split / name / f"img{i}.png")
+    return root
+
+
+def expected_pairs(split):
+    """(identity, label) of every image of a split of ``split_root``, labelled by train's classes."""
+    names, n = (CLASSES, PER_CLASS) if split == "train" else (VAL_CLASSES, 2)
+    return sorted(((CLASSES.index(name), i), TRAIN_INDEX[name]) for name in names for i in range(n))
+
+
+def to_shards(root, fmt, seed=0, shard_size=8):
+    dst = root.parent / f"{fmt}-{seed}"
+    make_shards(str(root), str(dst), fmt, shard_size, seed)
+    return dst
+
+
+def epoch_pairs(pipe):
+    seen, labels = one_epoch(pipe)
+    return sorted(zip(seen, labels))
+
+
+@pytest.mark.parametrize("num_shards", [1, 2])
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_shards_give_the_folder_pairs_once_per_epoch(split_root, fmt, num_shards):
+    dst = to_shards(split_root, fmt)
+    for split in ("train", "val"):
+        shards = [epoch_pairs(ClassifyValPipeline(4, 1, None, str(dst / split), crop_size=16, shard_id=s,
+                                                  num_shards=num_shards)) for s in range(num_shards)]
+        assert sorted(sum(shards, [])) == expected_pairs(split)
+        assert not set(shards[0]) & set(shards[-1]) or num_shards == 1
+    pipe = ClassifyTrainPipeline(4, 1, None, str(dst / "train"), crop_size=16, shard_id=1, num_shards=num_shards)
+    assert pipe.layout == fmt and pipe.classes == sorted(CLASSES) and pipe.num_classes == 3
+    assert pipe.num_samples == len(CLASSES) * PER_CLASS  # the whole split, every shard
+    assert pipe.files == shard_files(str(dst / "train"), fmt) and len(pipe.files) == 3
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_two_train_shards_cover_every_sample_each_epoch_as_shard_order_changes(split_root, fmt):
+    dst = to_shards(split_root, fmt)
+    # per-rank seeds, as a DDP trainer passes them; the shard order each epoch must still agree
+    loaders = [classify_iterator(ClassifyTrainPipeline(4, 1, None, str(dst / "train"), crop_size=16, shard_id=s,
+                                                       num_shards=2, seed=10 + s)) for s in range(2)]
+    orders = []
+    for _ in range(3):
+        seen = [[pair for b in it for pair in zip(identities(b[0]["data"]), b[0]["label"].squeeze(-1).tolist())]
+                for it in loaders]
+        assert [len(s) for s in seen] == [12, 12]  # 10 and 11 samples, each filled up to 3 batches of 4
+        assert not set(seen[0]) & set(seen[1])
+        assert sorted(set(seen[0]) | set(seen[1])) == expected_pairs("train")
+        orders.append(seen[0])
+    assert orders[0] != orders[1] != orders[2]
+
+
+class RawRead(ClassifyValPipeline):
+    """The reader's output as stored: encoded image bytes and int32 labels."""
+
+    def define_graph(self):
+        return self.read()
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_shards_hold_the_original_file_bytes(split_root, fmt):
+    dst = to_shards(split_root, fmt)
+    n = len(CLASSES) * PER_CLASS
+    pipe = RawRead(n, 1, None, str(dst / "train"))
+    pipe.build()
+    images, labels = pipe.run()
+    assert labels.dtype == types.INT32
+    got = sorted((np.array(images[k]).tobytes(), int(np.array(labels[k])[0])) for k in range(n))
+    want = sorted((p.read_bytes(), TRAIN_INDEX[p.parent.name]) for p in (split_root / "train").glob("*/*.png"))
+    assert got == want
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_shard_val_images_equal_the_folder_pipelines(tmp_path, texture_folder, fmt):
+    (tmp_path / "root").mkdir()
+    texture_folder.rename(tmp_path / "root" / "train")
+    shutil.copytree(tmp_path / "root" / "train", tmp_path / "root" / "val")
+    dst = to_shards(tmp_path / "root", fmt, shard_size=5)
+
+    def outputs(folder):
+        pipe = ClassifyValPipeline(5, 1, None, str(folder), crop_size=32, resize_size=40)
+        return sorted((b[0]["data"][k].numpy().tobytes(), int(b[0]["label"][k])) for b in classify_iterator(pipe)
+                      for k in range(b[0]["data"].shape[0]))
+
+    from_folder = outputs(tmp_path / "root" / "val")
+    assert len(from_folder) == 4 * len(CLASSES)
+    assert outputs(dst / "val") == from_folder
+
+
+def write_shard(path, fmt, samples):
+    with open(path, "wb") as f:
+        if fmt == "tfrecord":
+            write_tfrecord(f, samples)
+        else:
+            write_tar(f, samples, [f"s{k}" for k in range(len(samples))])
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_label_offset_and_out_of_range_labels(split_root, fmt, tmp_path):
+    files, labels, _ = list_image_folder(str(split_root / "train"))
+    shard = tmp_path / "offset" / ("train-00000-of-00001" if fmt == "tfrecord" else "train-000000.tar")
+    shard.parent.mkdir()
+    write_shard(shard, fmt, [(f, label + 1) for f, label in zip(files, labels)])  # stored 1..3, as TF's ImageNet
+    with pytest.raises(DataError, match=rf"^{shard}: stored label 3 minus label_offset 0 is outside \[0, 3\)$"):
+        ClassifyValPipeline(4, 1, None, str(shard.parent), num_classes=3)
+    with pytest.raises(DataError, match=rf"^{shard}: stored label 1 minus label_offset 2 is outside \[0, 3\)$"):
+        ClassifyValPipeline(4, 1, None, str(shard.parent), num_classes=3, label_offset=2)
+    pipe = ClassifyValPipeline(4, 1, None, str(shard.parent), crop_size=16, num_classes=3, label_offset=1)
+    assert pipe.classes is None and pipe.num_classes == 3  # no classes.txt beside this shard
+    assert epoch_pairs(pipe) == expected_pairs("train")
+
+
+def index_files(folder):
+    return sorted(p.name for p in folder.iterdir() if ".idx" in p.name)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_missing_index_is_built_beside_the_shard(split_root, fmt):
+    dst = to_shards(split_root, fmt)
+    written = index_files(dst / "train")
+    assert len(written) == 6  # make_shards indexed its 3 shards: .idx and .idx.json each
+    for name in written:
+        (dst / "train" / name).unlink()
+    assert epoch_pairs(ClassifyValPipeline(4, 1, None, str(dst / "train"), crop_size=16)) == expected_pairs("train")
+    assert index_files(dst / "train") == written
+
+
+def test_index_of_a_read_only_folder_goes_to_the_cache(split_root, tmp_path, monkeypatch):
+    dst = to_shards(split_root, "wds")
+    for name in index_files(dst / "val"):
+        (dst / "val" / name).unlink()
+    # as root every folder is writable, so stand in for a read-only mount
+    access = os.access
+    monkeypatch.setattr(os, "access", lambda path, mode: path != str(dst / "val") and access(path, mode))
+    monkeypatch.setattr(pipelines, "INDEX_CACHE", str(tmp_path / "cache"))
+    assert epoch_pairs(ClassifyValPipeline(4, 1, None, str(dst / "val"), crop_size=16)) == expected_pairs("val")
+    assert index_files(dst / "val") == []
+    assert sorted(p.name for p in (tmp_path / "cache").rglob("*.idx*")) == ["val-000000.tar.idx",
+                                                                             "val-000000.tar.idx.json"]
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_index_of_a_rewritten_shard_is_rebuilt(split_root, fmt):
+    dst, other = to_shards(split_root, fmt, seed=0), to_shards(split_root, fmt, seed=1)
+    for shard in shard_files(str(dst / "train"), fmt):  # same names, other samples in each
+        shutil.copyfile(shard.replace(str(dst), str(other)), shard)
+    assert epoch_pairs(ClassifyValPipeline(4, 1, None, str(dst / "train"), crop_size=16)) == expected_pairs("train")
+    for shard in shard_files(str(dst / "train"), fmt):
+        with open(shard + ".idx.json") as f:
+            assert json.load(f)["shard"] == {"bytes": os.stat(shard).st_size, "mtime_ns": os.stat(shard).st_mtime_ns}
+
+
+def last_index_line(shard):
+    with open(shard + ".idx") as f:
+        return f.read().split("\n")[-2].split()
+
+
+@pytest.mark.parametrize("fmt,cut", [("tfrecord", "inside the last record"), ("wds", "inside the last image"),
+                                     ("wds", "between two members")])
+def test_truncated_shard_is_named(split_root, fmt, cut):
+    dst = to_shards(split_root, fmt)
+    shard = shard_files(str(dst / "train"), fmt)[0]
+    line = last_index_line(shard)
+    if fmt == "tfrecord":
+        size = int(line[0]) + int(line[1]) // 2
+    elif cut == "inside the last image":
+        size = int(line[1]) + int(line[2]) // 2
+    else:
+        size = int(line[5]) + 512  # just after the last member's block: a shorter but well-formed tar body
+    os.truncate(shard, size)
+    with pytest.raises(DataError, match=f"^{shard}: truncated"):
+        ClassifyValPipeline(4, 1, None, str(dst / "train"))
+
+
+def test_val_folder_labels_follow_train_classes(split_root):
+    train = ClassifyTrainPipeline(4, 1, None, str(split_root / "train"), crop_size=16)
+    val = ClassifyValPipeline(4, 1, None, str(split_root / "val"), crop_size=16, classes=train.classes)
+    assert val.classes == train.classes == ["Apple", "b c", "zebra"] and val.num_classes == 3
+    assert epoch_pairs(val) == expected_pairs("val")  # zebra is 2, as in train, not 1 as val alone would say
+
+
+def test_val_class_unknown_to_train_is_an_error(split_root):
+    (split_root / "val" / "okapi").mkdir()
+    Image.new("RGB", (8, 8)).save(split_root / "val" / "okapi" / "a.png")
+    with pytest.raises(DataError, match=f"^{split_root / 'val' / 'okapi'}: class 'okapi' is not one of the 3 "
+                                        f"training classes$"):
+        ClassifyValPipeline(4, 1, None, str(split_root / "val"), classes=sorted(CLASSES))
+
+
+def test_shard_classes_txt_must_match_the_training_classes(split_root):
+    dst = to_shards(split_root, "tfrecord")
+    assert ClassifyValPipeline(4, 1, None, str(dst / "val"), classes=sorted(CLASSES)).classes == sorted(CLASSES)
+    with pytest.raises(DataError, match=f"^{dst / 'val' / 'classes.txt'}: its 3 classes differ from the 3 training"):
+        ClassifyValPipeline(4, 1, None, str(dst / "val"), classes=["Apple", "b c", "zebras"])
+
+
+def test_find_layout(split_root, tmp_path):
+    assert find_layout(str(split_root / "train")) == "folder"
+    for name, layout in (("train-00000-of-00002", "tfrecord"), ("x.tfrecord", "tfrecord"), ("a.tar", "wds")):
+        (tmp_path / name / "split").mkdir(parents=True)
+        (tmp_path / name / "split" / name).write_bytes(b"")
+        assert find_layout(str(tmp_path / name / "split")) == layout
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "train-00000-of-00002.idx").write_bytes(b"")
+    with pytest.raises(DataError, match=f"^{tmp_path / 'empty'}: no class folders, TFRecord files or .tar shards"):
+        find_layout(str(tmp_path / "empty"))
+    (tmp_path / "a.tar" / "split" / "train-00000-of-00002").write_bytes(b"")
+    with pytest.raises(DataError, match=f"^{tmp_path / 'a.tar' / 'split'}: holds tfrecord and wds data"):
+        find_layout(str(tmp_path / "a.tar" / "split"))
+
+
+def test_find_undecodable_names_a_zero_byte_file(solid_folder):
+    assert find_undecodable(ClassifyValPipeline(2, 1, None, str(solid_folder))) is None
+    (solid_folder / "b c" / "img3.png").write_bytes(b"")
+    found = find_undecodable(ClassifyValPipeline(2, 1, None, str(solid_folder)))
+    assert found == str(solid_folder / "b c" / "img3.png")
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_find_undecodable_names_the_sample_in_a_shard(split_root, fmt):
+    dst = to_shards(split_root, fmt)
+    assert find_undecodable(ClassifyValPipeline(2, 1, None, str(dst / "train"))) is None
+    (split_root / "train" / "b c" / "img4.png").write_bytes(b"not a png")
+    dst = to_shards(split_root, fmt, seed=1)
+    found = find_undecodable(ClassifyValPipeline(2, 1, None, str(dst / "train")))
+    shard, sample = re.fullmatch(r"(.+): sample (\S+)", found).groups()
+    assert shard in shard_files(str(dst / "train"), fmt)
+    if fmt == "wds":
+        with tarfile.open(shard) as tar:
+            assert tar.extractfile(f"{sample}.png").read() == b"not a png"
+    else:  # walk the TFRecord framing (length, CRC, data, CRC) to the named record
+        with open(shard, "rb") as f:
+            for _ in range(int(sample)):
+                f.seek(struct.unpack("<Q", f.read(8))[0] + 8, os.SEEK_CUR)
+            assert b"not a png" in f.read(8 + struct.unpack("<Q", f.read(8))[0] + 4)
+
+
+@pytest.mark.parametrize("p", [1.0, 0.5, 0.0])
+def test_random_erase_blanks_one_box_of_torchvisions_size(solid_folder, p):
+    pipe = ClassifyTrainPipeline(16, 2, None, str(solid_folder), crop_size=64, seed=4, random_erase=p)
+    images = next(iter(classify_iterator(pipe)))[0]["data"].numpy()
+    areas = []
+    for image in images:
+        erased = (image == 0).all(axis=0)  # no solid colour here normalizes to exactly 0 in all channels
+        rest = image[:, ~erased]
+        assert np.ptp(rest, axis=1).max() < 1e-5  # the rest is the image's unchanged constant colour
+        r, g, _ = np.rint(rest[:, 0] * STD + MEAN).astype(int)
+        assert (r - 40) % 60 == 0 and (g - 10) % 20 == 0
+        if erased.any():
+            rows, cols = np.nonzero(erased)
+            height, width = np.ptp(rows) + 1, np.ptp(cols) + 1
+            assert height * width == erased.sum()  # one axis-aligned box
+            areas.append(erased.mean())
+    # a box side is rounded to whole pixels: at most 0.5 px * (64 + 64) + 0.25 px^2 of 64^2 off
+    assert all(0.02 - 0.016 <= a <= 0.33 + 0.016 for a in areas)
+    if p == 1.0:
+        assert len(areas) == 16 and 0.1 < np.mean(areas) < 0.25  # area ~ U(0.02, 0.33): mean 0.175
+    elif p == 0.5:
+        assert 0 < len(areas) < 16
+    else:
+        assert areas == []
+
+
+def test_random_erase_in_float16(solid_folder):
+    pipe = ClassifyTrainPipeline(8, 2, None, str(solid_folder), crop_size=32, seed=4, dtype="float16", random_erase=1.0)
+    images = next(iter(classify_iterator(pipe)))[0]["data"]
+    assert images.dtype == torch.float16 and images.shape == (8, 3, 32, 32)
+    assert (images == 0).all(dim=1).flatten(1).any(dim=1).all()  # a box in every image
+
+
+@pytest.mark.parametrize("fmt", ["folder", *FORMATS])
+def test_checkpoint_resumes_mid_epoch_with_the_same_batches(split_root, fmt):
+    data = split_root / "train" if fmt == "folder" else to_shards(split_root, fmt) / "train"
+
+    def loader(**kwargs):
+        return classify_iterator(ClassifyTrainPipeline(4, 1, None, str(data), crop_size=16, seed=3, random_erase=0.5,
+                                                       enable_checkpointing=True, **kwargs))
+
+    def rest_and_next_epoch(it):
+        return [(b[0]["data"], b[0]["label"]) for epoch in range(2) for b in it]
+
+    it = loader()
+    next(it), next(it)
+    checkpoint = it.checkpoints()[0]
+    expected = rest_and_next_epoch(it)
+    resumed = rest_and_next_epoch(loader(checkpoint=checkpoint))
+    assert len(expected) == 4 + 6  # 21 samples in batches of 4: 6 a epoch, 2 were taken
+    assert all(torch.equal(a, c) and torch.equal(b, d) for (a, b), (c, d) in zip(expected, resumed))
+    assert len(resumed) == len(expected)
 
 
 # ------------------------------------------------------------------------------------------
@@ -354,6 +707,20 @@ def test_gpu_mixed_decode_train(texture_folder):
         seen += images.shape[0]
     assert seen == 4 * len(CLASSES)
 
+
+
+@gpu
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_gpu_shards_train_with_random_erase(split_root, fmt):
+    pipe = ClassifyTrainPipeline(4, 2, 0, str(to_shards(split_root, fmt) / "train"), crop_size=32, seed=1,
+                                 dtype="float16", random_erase=1.0)
+    labels = []
+    for batch in classify_iterator(pipe):
+        images = batch[0]["data"]
+        assert images.device.type == "cuda" and images.dtype == torch.float16 and images.shape == (4, 3, 32, 32)
+        assert (images == 0).all(dim=1).flatten(1).any(dim=1).all()  # every image has an erased box
+        labels += batch[0]["label"].squeeze(-1).tolist()
+    assert len(labels) == 24 and set(labels) == {0, 1, 2}
 
 LEVEL = 1 / min(IMAGENET_STD)  # one 8-bit step, in normalized units
 

@@ -1,0 +1,198 @@
+"""Tests of make_shards.py on tiny ImageFolder roots built in tmp_path. The shards are read back
+here with independent readers (struct for TFRecord framing, tarfile for WebDataset); that DALI's
+readers give the same (image, label) pairs is tested in test_pipelines.py."""
+
+import json
+import os
+import signal
+import struct
+import subprocess
+import sys
+import tarfile
+
+import google_crc32c
+import pytest
+from PIL import Image
+
+from make_shards import main, make_shards
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TRAIN = {"Apple": 4, "b c": 5, "zebra": 3}  # class -> images; sorted as torchvision sorts: Apple 0, b c 1, zebra 2
+VAL = {"zebra": 2, "Apple": 1}  # a subset: labelled by train's indices
+
+
+@pytest.fixture
+def src(tmp_path):
+    root = tmp_path / "src"
+    for split, counts in (("train", TRAIN), ("val", VAL)):
+        for c, (name, n) in enumerate(counts.items()):
+            (root / split / name).mkdir(parents=True)
+            for i in range(n):
+                Image.new("RGB", (8 + i, 6 + c), (30 * c, 20 * i, 99)).save(root / split / name / f"{i}.png")
+    return root
+
+
+def source_pairs(src, split):
+    """(file bytes, train's class index) of every image of a split."""
+    index = {name: i for i, name in enumerate(sorted(TRAIN))}
+    return sorted((p.read_bytes(), index[p.parent.name]) for p in (src / split).glob("*/*.png"))
+
+
+def masked_crc(data):
+    # TensorFlow's record checksum, from its spec: CRC-32C rotated right by 15 bits plus 0xa282ead8
+    crc = google_crc32c.value(data)
+    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+
+
+def tfrecord_payloads(path):
+    """Each record's serialized Example, with both checksums checked."""
+    payloads = []
+    with open(path, "rb") as f:
+        while header := f.read(12):
+            length, length_crc = struct.unpack("<QI", header)
+            assert length_crc == masked_crc(header[:8])
+            data, (data_crc,) = f.read(length), struct.unpack("<I", f.read(4))
+            assert data_crc == masked_crc(data)
+            payloads.append(data)
+    return payloads
+
+
+def tar_pairs(path):
+    """(image bytes, label) of each <key>.png + <key>.cls sample, checking WebDataset's layout."""
+    with tarfile.open(path) as tar:
+        members = tar.getmembers()
+        names = [m.name for m in members]
+        assert [n.rsplit(".", 1)[1] for n in names] == ["png", "cls"] * (len(names) // 2)
+        assert [n.rsplit(".", 1)[0] for n in names[::2]] == [n.rsplit(".", 1)[0] for n in names[1::2]]
+        return [(tar.extractfile(image).read(), int(tar.extractfile(cls).read().decode("ascii")))
+                for image, cls in zip(members[::2], members[1::2])]
+
+
+def shards_of(folder):
+    return sorted(p for p in folder.iterdir() if not p.name.endswith((".idx", ".idx.json", ".txt")))
+
+
+def test_tfrecord_names_checksums_and_contents(src, tmp_path):
+    manifest = make_shards(str(src), str(tmp_path / "dst"), "tfrecord", shard_size=5, seed=0)
+    dst = tmp_path / "dst"
+    assert [p.name for p in shards_of(dst / "train")] == [f"train-0000{k}-of-00003" for k in range(3)]
+    assert [p.name for p in shards_of(dst / "val")] == ["val-00000-of-00001"]
+    for split in ("train", "val"):
+        payloads = [d for shard in shards_of(dst / split) for d in tfrecord_payloads(shard)]
+        pairs = source_pairs(src, split)
+        assert len(payloads) == len(pairs) == manifest["splits"][split]["samples"]
+        # every original file's bytes, unchanged, in exactly one record
+        for image, _ in pairs:
+            assert sum(image in d for d in payloads) == 1
+        assert (dst / split / "classes.txt").read_text() == "Apple\nb c\nzebra\n"
+    assert json.loads((dst / "manifest.json").read_text())["classes"] == ["Apple", "b c", "zebra"]
+
+
+def test_wds_tars_follow_webdatasets_layout(src, tmp_path):
+    # a symlinked image goes into the tar as the image
+    (tmp_path / "elsewhere.png").write_bytes((src / "train" / "b c" / "0.png").read_bytes())
+    (src / "train" / "b c" / "0.png").unlink()
+    (src / "train" / "b c" / "0.png").symlink_to(tmp_path / "elsewhere.png")
+    make_shards(str(src), str(tmp_path / "dst"), "wds", shard_size=5, seed=0)
+    dst = tmp_path / "dst"
+    assert [p.name for p in shards_of(dst / "train")] == ["train-000000.tar", "train-000001.tar", "train-000002.tar"]
+    for split in ("train", "val"):
+        assert sorted(pair for shard in shards_of(dst / split) for pair in tar_pairs(shard)) == source_pairs(src, split)
+    labels = [label for shard in shards_of(dst / "train") for _, label in tar_pairs(shard)]
+    assert labels != sorted(labels)  # shuffled across classes at write time
+    assert sorted(label for _, label in tar_pairs(dst / "val" / "val-000000.tar")) == [0, 2, 2]  # train's indices
+
+
+def test_same_seed_same_shards_other_seed_other_order(src, tmp_path):
+    def shard_bytes(dst, seed):
+        make_shards(str(src), str(tmp_path / dst), "wds", shard_size=5, seed=seed)
+        return [tar_pairs(p) for p in shards_of(tmp_path / dst / "train")]
+
+    a, b, c = shard_bytes("a", 0), shard_bytes("b", 0), shard_bytes("c", 1)
+    assert a == b and a != c
+
+
+SPY = """
+import os, signal, sys
+sys.path.insert(0, {here!r})
+import make_shards
+calls = []
+def write_then_die(real):
+    def write(f, *args):
+        calls.append(1)
+        if len(calls) == 2:  # in the middle of the second shard
+            f.write(b"half a shard")
+            f.flush()
+            os.kill(os.getpid(), signal.SIGKILL)
+        return real(f, *args)
+    return write
+make_shards.write_tfrecord = write_then_die(make_shards.write_tfrecord)
+make_shards.write_tar = write_then_die(make_shards.write_tar)
+make_shards.main()
+"""
+
+
+@pytest.mark.parametrize("fmt", ["tfrecord", "wds"])
+def test_rerun_after_a_kill_is_complete(src, tmp_path, fmt):
+    dst = tmp_path / "dst"
+    make_shards(str(src), str(dst), fmt, shard_size=2, seed=0)  # an earlier set with other names
+    (tmp_path / "spy.py").write_text(SPY.format(here=HERE))
+    killed = subprocess.run([sys.executable, str(tmp_path / "spy.py"), str(src), str(dst), "--format", fmt,
+                             "--shard-size", "5"], capture_output=True, timeout=300)
+    assert killed.returncode == -signal.SIGKILL
+    left = os.listdir(dst / "train")
+    assert not (dst / "manifest.json").exists() and any(n.endswith(".partial") for n in left)
+
+    main([str(src), str(dst), "--format", fmt, "--shard-size", "5"])
+    shards = (["train-00000-of-00003", "train-00001-of-00003", "train-00002-of-00003"] if fmt == "tfrecord"
+              else ["train-000000.tar", "train-000001.tar", "train-000002.tar"])
+    assert sorted(os.listdir(dst / "train")) == sorted(
+        ["classes.txt"] + shards + [s + ".idx" for s in shards] + [s + ".idx.json" for s in shards])
+    assert json.loads((dst / "manifest.json").read_text())["splits"]["train"] == {"samples": 12, "shards": shards}
+    if fmt == "tfrecord":
+        payloads = [d for s in shards for d in tfrecord_payloads(dst / "train" / s)]
+        assert len(payloads) == 12 and all(sum(i in d for d in payloads) == 1 for i, _ in source_pairs(src, "train"))
+    else:
+        assert sorted(p for s in shards for p in tar_pairs(dst / "train" / s)) == source_pairs(src, "train")
+
+
+def run_main(capsys, *args):
+    with pytest.raises(SystemExit) as exit_info:
+        main([str(a) for a in args])
+    err = capsys.readouterr().err.strip()
+    return exit_info.value.code, err
+
+
+def test_bad_input_is_one_error_line(src, tmp_path, capsys):
+    fmt = ["--format", "wds"]
+    assert run_main(capsys, tmp_path / "nope", tmp_path / "dst", *fmt) == (
+        2, f"error: {tmp_path / 'nope'}: expected ImageFolder subfolders train/ and val/ in it (no train/)")
+    (tmp_path / "file").write_text("x")
+    assert run_main(capsys, src, tmp_path / "file", *fmt) == (2, f"error: {tmp_path / 'file'}: exists and is not a "
+                                                                 f"directory")
+    assert run_main(capsys, src, src, *fmt) == (2, f"error: {src}: must not be SRC or inside SRC's train/ or val/")
+    (tmp_path / "mine" / "train").mkdir(parents=True)
+    (tmp_path / "mine" / "train" / "notes.md").write_text("keep me")
+    assert run_main(capsys, src, tmp_path / "mine", *fmt) == (
+        2, f"error: {tmp_path / 'mine' / 'train' / 'notes.md'}: not written by make_shards.py --format wds; "
+           f"choose an empty DST")
+    assert (tmp_path / "mine" / "train" / "notes.md").read_text() == "keep me"
+    assert not (tmp_path / "dst").exists()
+    code, err = run_main(capsys, src, tmp_path / "dst", *fmt, "--shard-size", "0")
+    assert code == 2 and err.endswith("error: --shard-size must be at least 1, got 0")
+
+
+def test_rerun_in_the_other_format_is_refused(src, tmp_path, capsys):
+    make_shards(str(src), str(tmp_path / "dst"), "tfrecord", shard_size=5, seed=0)
+    before = sorted(os.listdir(tmp_path / "dst" / "train"))
+    code, err = run_main(capsys, src, tmp_path / "dst", "--format", "wds")
+    assert code == 2 and err == (f"error: {tmp_path / 'dst' / 'train' / 'train-00000-of-00003'}: not written by "
+                                 f"make_shards.py --format wds; choose an empty DST")
+    assert sorted(os.listdir(tmp_path / "dst" / "train")) == before
+
+
+def test_val_class_missing_from_train_is_an_error(src, tmp_path, capsys):
+    (src / "val" / "okapi").mkdir()
+    Image.new("RGB", (4, 4)).save(src / "val" / "okapi" / "0.png")
+    assert run_main(capsys, src, tmp_path / "dst", "--format", "tfrecord") == (
+        2, f"error: {src / 'val' / 'okapi'}: class 'okapi' is not one of the 3 training classes")
