@@ -286,6 +286,19 @@ def test_each_photometric_augmentation_changes_image_not_mask(seg_files, augment
     assert torch.isfinite(images).all()
 
 
+def test_augmentations_touch_only_the_samples_that_draw_them(seg_files):
+    # p=0.5 over 40 samples: some drawn, some not; an undrawn sample is exactly the unaugmented one
+    imgs, lbls = [p * 4 for p in seg_files]
+    base, _ = seg_epoch(seg_loader(imgs, lbls, batch_size=40, mode="train", size=(SEG_H, SEG_W), seed=4,
+                                   **NO_AUGMENT))
+    for augmentation in ("noise_p", "blur_p", "brightness_p", "contrast_p"):
+        images, _ = seg_epoch(seg_loader(imgs, lbls, batch_size=40, mode="train", size=(SEG_H, SEG_W), seed=4,
+                                         **dict(NO_AUGMENT, **{augmentation: 0.5})))
+        changed = (images - base).abs().amax(dim=(1, 2, 3)) > 1e-3
+        assert 0 < changed.sum() < 40, augmentation
+        assert torch.equal(images[~changed], base[~changed])
+
+
 def test_contrast_stays_within_the_image_range(seg_files):
     base, _ = seg_epoch(seg_loader(*seg_files, batch_size=SEG_N, mode="train", size=(SEG_H, SEG_W), **NO_AUGMENT))
     aug = dict(NO_AUGMENT, contrast_p=1.0)
@@ -686,3 +699,15 @@ def test_gpu_segmentation_train_alignment(seg_files):
     assert sorted(sample_ids(images)) == list(range(SEG_N))
     raw = unnormalize(images)
     np.testing.assert_allclose(raw[..., 0], masks[:, 0].cpu().numpy() * 100.0, atol=1e-3)
+
+
+@gpu
+def test_gpu_augmentations_touch_only_the_samples_that_draw_them(seg_files):
+    imgs, lbls = [p * 4 for p in seg_files]
+    kwargs = dict(batch_size=40, mode="train", size=(SEG_H, SEG_W), device_id=0, seed=4)
+    base, base_masks = seg_epoch(seg_loader(imgs, lbls, **kwargs, **NO_AUGMENT))
+    for augmentation in ("noise_p", "blur_p", "brightness_p", "contrast_p"):
+        images, masks = seg_epoch(seg_loader(imgs, lbls, **kwargs, **dict(NO_AUGMENT, **{augmentation: 0.5})))
+        changed = (images - base).abs().amax(dim=(1, 2, 3)) > 1e-3
+        assert 0 < changed.sum() < 40, augmentation
+        assert torch.equal(images[~changed], base[~changed]) and torch.equal(masks, base_masks)
