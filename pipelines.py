@@ -260,7 +260,7 @@ def check_segmentation_files(imgs, lbls):
     reads a batch of one kind). Anything else raises ``DataError`` naming the file. Returns
     ``((image_shape, image_dtype), (mask_shape, mask_dtype))`` of the first pair, which stands for the set.
     """
-    imgs, lbls = list(imgs), list(lbls)
+    imgs, lbls = [] if imgs is None else list(imgs), [] if lbls is None else list(lbls)
     if len(imgs) == 0:
         raise DataError("got an empty list of images")
     if len(imgs) != len(lbls):

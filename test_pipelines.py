@@ -529,6 +529,11 @@ def test_empty_image_list():
         fetch_dali_loader([], [], batch_size=2, mode="eval")
 
 
+def test_no_masks(seg_files):
+    with pytest.raises(DataError, match=f"got {SEG_N} images but 0 masks"):
+        fetch_dali_loader(seg_files[0], None, batch_size=2, mode="test")
+
+
 def test_mask_size_differs_from_image(seg_files):
     imgs, lbls = seg_files
     np.save(lbls[4], np.zeros((SEG_H, SEG_W - 1, 1), np.uint8))
