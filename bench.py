@@ -65,6 +65,7 @@ from pipelines import (
     classify_iterator,
     fetch_dali_loader,
     list_image_folder,
+    segment_iterator,
 )
 
 SEED = 0
@@ -479,10 +480,10 @@ def synthetic_classify(args):
 
 
 def dali_segment(args, device_id):
-    loader = fetch_dali_loader(args.seg_imgs, args.seg_lbls, args.seg_batch_size, "train", device_id=device_id,
-                               num_threads=args.workers, size=SEG_OUTPUT, seed=SEED,
-                               prefetch_queue_depth=args.prefetch_queue_depth)
-    return endless(loader, args.device, lambda b: (b[0]["image"], b[0]["mask"]))
+    pipe = fetch_dali_loader(args.seg_imgs, args.seg_lbls, args.seg_batch_size, "train", device_id=device_id,
+                             num_threads=args.workers, size=SEG_OUTPUT, seed=SEED,
+                             prefetch_queue_depth=args.prefetch_queue_depth)
+    return endless(segment_iterator(pipe), args.device, lambda b: (b[0]["image"], b[0]["mask"]))
 
 
 def uniform(low, high):

@@ -20,7 +20,7 @@ from data_processing import (
     prepare,
     read_split,
 )
-from pipelines import DataError, check_segmentation_files, fetch_dali_loader
+from pipelines import DataError, check_segmentation_files, fetch_dali_loader, segment_iterator
 
 GROUPS = {"1": 5, "2": 4, "3": 2, "4": 1}  # pairs per group: the split rule's edge cases
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -179,7 +179,7 @@ def test_prepared_demo_runs_through_the_dali_loader(tmp_path):
     imgs, lbls = read_split(root, "train")
     assert len(imgs) == 6
     check_segmentation_files(imgs, lbls)
-    batch = next(iter(fetch_dali_loader(imgs, lbls, batch_size=4, mode="train", size=(64, 64))))[0]
+    batch = next(segment_iterator(fetch_dali_loader(imgs, lbls, batch_size=4, mode="train", size=(64, 64))))[0]
     image, mask = batch["image"], batch["mask"]
     assert tuple(image.shape) == (4, 3, 64, 64) and str(image.dtype) == "torch.float32"
     assert tuple(mask.shape) == (4, 1, 64, 64) and str(mask.dtype) == "torch.uint8"

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 from nvidia.dali import types
+from nvidia.dali.plugin.pytorch import DALIGenericIterator
 from PIL import Image
 from torchvision.datasets import ImageFolder
 
@@ -31,6 +32,7 @@ from pipelines import (
     find_layout,
     find_undecodable,
     list_image_folder,
+    segment_iterator,
     shard_files,
 )
 
@@ -516,6 +518,14 @@ def test_checkpoint_resumes_mid_epoch_with_the_same_batches(split_root, fmt):
 # ------------------------------------------------------------------------------------------
 
 SEG_H, SEG_W, SEG_N = 24, 40, 10
+# fetch_dali_loader reads the shard and device from these when it is not told
+DIST_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
+
+
+@pytest.fixture(autouse=True)
+def no_dist_env(monkeypatch):
+    for name in DIST_ENV:
+        monkeypatch.delenv(name, raising=False)
 
 
 def seg_mask(k):
@@ -526,20 +536,36 @@ def seg_mask(k):
     return mask
 
 
+def save_pairs(tmp_path, images, masks, names=None):
+    """Writes images[i] and masks[i] as .npy files (named by ``names``: (image, mask) pairs); their paths."""
+    imgs, lbls = [], []
+    for k, (image, mask) in enumerate(zip(images, masks)):
+        image_name, mask_name = names[k] if names else (f"images/s{k}.npy", f"masks/s{k}.npy")
+        for path, array, paths in ((tmp_path / image_name, image, imgs), (tmp_path / mask_name, mask, lbls)):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            np.save(path, array)
+            paths.append(str(path))
+    return imgs, lbls
+
+
+def seg_image(k):
+    # channel 0 encodes the mask and channel 1 the sample, so alignment and identity read back from the image
+    mask = seg_mask(k)[..., 0]
+    return np.stack([mask * 100, np.full_like(mask, 10 * k), np.full_like(mask, 50)], -1).astype(np.uint8)
+
+
 @pytest.fixture
 def seg_files(tmp_path):
-    imgs, lbls = [], []
-    for k in range(SEG_N):
-        mask = seg_mask(k)
-        # channel 0 encodes the mask, so image/mask alignment can be read back from the image
-        image = np.stack([mask[..., 0] * 100, np.full((SEG_H, SEG_W), 10 * k), np.full((SEG_H, SEG_W), 50)], -1)
-        (tmp_path / "images").mkdir(exist_ok=True)
-        (tmp_path / "masks").mkdir(exist_ok=True)
-        imgs.append(str(tmp_path / "images" / f"s{k}.npy"))
-        lbls.append(str(tmp_path / "masks" / f"s{k}.npy"))
-        np.save(imgs[-1], image.astype(np.uint8))
-        np.save(lbls[-1], mask)
-    return imgs, lbls
+    return save_pairs(tmp_path, [seg_image(k) for k in range(SEG_N)], [seg_mask(k) for k in range(SEG_N)])
+
+
+def seg_pipe(imgs, lbls, batch_size, mode, device_id=None, **kwargs):
+    """fetch_dali_loader on the CPU unless told otherwise (by default it takes a GPU where PyTorch sees one)."""
+    return fetch_dali_loader(imgs, lbls, batch_size=batch_size, mode=mode, device_id=device_id, **kwargs)
+
+
+def seg_loader(imgs, lbls, batch_size, mode, **kwargs):
+    return segment_iterator(seg_pipe(imgs, lbls, batch_size, mode, **kwargs))
 
 
 def seg_epoch(loader):
@@ -550,8 +576,17 @@ def seg_epoch(loader):
     return torch.cat(images), torch.cat(masks)
 
 
+def sample_ids(images):
+    """Which seg_image each normalized image of a batch is."""
+    return np.rint(unnormalize(images)[:, 0, 0, 1] / 10).astype(int).tolist()
+
+
 def test_segment_val_shapes_and_values(seg_files):
-    images, masks = seg_epoch(fetch_dali_loader(*seg_files, batch_size=4, mode="eval", size=(SEG_H, SEG_W)))
+    pipe = seg_pipe(*seg_files, batch_size=4, mode="eval", size=(SEG_H, SEG_W))
+    assert pipe.channels == 3
+    loader = segment_iterator(pipe)
+    images, masks = seg_epoch(loader)
+    assert len(loader) == 3  # 4 + 4 + 2: the last batch partial
     assert images.shape == (SEG_N, 3, SEG_H, SEG_W) and images.dtype == torch.float32
     assert masks.shape == (SEG_N, 1, SEG_H, SEG_W) and masks.dtype == torch.uint8
     for k in range(SEG_N):  # no shuffle: file order
@@ -563,35 +598,36 @@ def test_segment_val_shapes_and_values(seg_files):
 
 def test_segment_train_flips_keep_image_and_mask_aligned(seg_files):
     aug = dict(NO_AUGMENT, flip_p=0.5)
-    loader = fetch_dali_loader(*seg_files, batch_size=3, mode="train", size=(SEG_H, SEG_W), seed=3, **aug)
-    flipped = 0
+    loader = seg_loader(*seg_files, batch_size=5, mode="train", size=(SEG_H, SEG_W), seed=3, **aug)
+    flips = set()
     for _ in range(3):
         images, masks = seg_epoch(loader)
         assert images.shape == (SEG_N, 3, SEG_H, SEG_W)
         raw = unnormalize(images)
-        ids = np.rint(raw[:, 0, 0, 1] / 10).astype(int)
-        assert sorted(ids.tolist()) == list(range(SEG_N))  # every sample once per epoch
+        ids = sample_ids(images)
+        assert sorted(ids) == list(range(SEG_N))  # 5 divides 10: every sample once, no filling
         for k, image, mask in zip(ids, raw, masks.numpy()):
             np.testing.assert_allclose(image[..., 0], mask[0] * 100.0, atol=1e-3)  # aligned
-            flipped += not np.array_equal(mask[0], seg_mask(k)[..., 0])
-            # a flip moves pixels, never changes what the mask holds
-            assert np.array_equal(np.sort(mask.ravel()), np.sort(seg_mask(k).ravel()))
-    assert flipped > 0
+            expected = seg_mask(k)[..., 0]
+            flip = next(f for f in [(1, 1), (-1, 1), (1, -1), (-1, -1)]
+                        if np.array_equal(mask[0], expected[::f[0], ::f[1]]))
+            flips.add(flip)
+    assert len(flips) == 4  # none, vertical, horizontal, both
 
 
 def test_segment_masks_keep_class_values_under_all_augmentations(seg_files):
     aug = dict(flip_p=0.5, noise_p=1.0, blur_p=1.0, brightness_p=1.0, contrast_p=1.0)
-    images, masks = seg_epoch(fetch_dali_loader(*seg_files, batch_size=4, mode="train", size=(37, 53), **aug))
+    images, masks = seg_epoch(seg_loader(*seg_files, batch_size=5, mode="train", size=(37, 53), **aug))
     assert images.shape == (SEG_N, 3, 37, 53) and masks.shape == (SEG_N, 1, 37, 53)
     assert masks.dtype == torch.uint8
     assert set(masks.unique().tolist()) == {0, 1, 2}
+    assert torch.isfinite(images).all()
 
 
 @pytest.mark.parametrize("augmentation", ["noise_p", "blur_p", "brightness_p", "contrast_p"])
 def test_each_photometric_augmentation_changes_image_not_mask(seg_files, augmentation):
     def run(**aug):
-        return seg_epoch(fetch_dali_loader(*seg_files, batch_size=SEG_N, mode="train", size=(SEG_H, SEG_W),
-                                           seed=9, **aug))
+        return seg_epoch(seg_loader(*seg_files, batch_size=SEG_N, mode="train", size=(SEG_H, SEG_W), seed=9, **aug))
 
     base_images, base_masks = run(**NO_AUGMENT)
     images, masks = run(**dict(NO_AUGMENT, **{augmentation: 1.0}))
@@ -600,23 +636,207 @@ def test_each_photometric_augmentation_changes_image_not_mask(seg_files, augment
     assert torch.isfinite(images).all()
 
 
+def test_augmentations_touch_only_the_samples_that_draw_them(seg_files):
+    # p=0.5 over 40 samples: some drawn, some not; an undrawn sample is exactly the unaugmented one
+    imgs, lbls = [p * 4 for p in seg_files]
+    base, _ = seg_epoch(seg_loader(imgs, lbls, batch_size=40, mode="train", size=(SEG_H, SEG_W), seed=4,
+                                   **NO_AUGMENT))
+    for augmentation in ("noise_p", "blur_p", "brightness_p", "contrast_p"):
+        images, _ = seg_epoch(seg_loader(imgs, lbls, batch_size=40, mode="train", size=(SEG_H, SEG_W), seed=4,
+                                         **dict(NO_AUGMENT, **{augmentation: 0.5})))
+        changed = (images - base).abs().amax(dim=(1, 2, 3)) > 1e-3
+        assert 0 < changed.sum() < 40, augmentation
+        assert torch.equal(images[~changed], base[~changed])
+
+
 def test_contrast_stays_within_the_image_range(seg_files):
-    base, _ = seg_epoch(fetch_dali_loader(*seg_files, batch_size=SEG_N, mode="train", size=(SEG_H, SEG_W),
-                                          **NO_AUGMENT))
+    base, _ = seg_epoch(seg_loader(*seg_files, batch_size=SEG_N, mode="train", size=(SEG_H, SEG_W), **NO_AUGMENT))
     aug = dict(NO_AUGMENT, contrast_p=1.0)
-    images, _ = seg_epoch(fetch_dali_loader(*seg_files, batch_size=SEG_N, mode="train", size=(SEG_H, SEG_W), **aug))
+    images, _ = seg_epoch(seg_loader(*seg_files, batch_size=SEG_N, mode="train", size=(SEG_H, SEG_W), **aug))
     for a, b in zip(base, images):
         assert b.min() >= a.min() - 1e-5 and b.max() <= a.max() + 1e-5
 
 
-def test_segment_two_shards_cover_the_dataset_once(seg_files):
-    seen = []
-    for shard in range(2):
-        images, _ = seg_epoch(fetch_dali_loader(*seg_files, batch_size=3, mode="train", size=(SEG_H, SEG_W),
-                                                shard_id=shard, num_shards=2, **NO_AUGMENT))
-        seen.append(np.rint(unnormalize(images)[:, 0, 0, 1] / 10).astype(int).tolist())
-    assert not set(seen[0]) & set(seen[1])
-    assert sorted(seen[0] + seen[1]) == list(range(SEG_N))
+def test_segment_val_shards_cover_the_dataset_once(seg_files):
+    seen = [sample_ids(seg_epoch(seg_loader(*seg_files, batch_size=3, mode="eval", size=(SEG_H, SEG_W),
+                                            shard_id=shard, num_shards=2))[0]) for shard in range(2)]
+    assert seen == [[0, 1, 2, 3, 4], [5, 6, 7, 8, 9]]
+
+
+def test_train_epoch_over_uneven_shards_runs_equal_full_batches_of_real_samples(seg_files):
+    imgs, lbls = seg_files[0][:9], seg_files[1][:9]  # 9 samples over 2 shards: 5 and 4
+    loaders = [seg_loader(imgs, lbls, batch_size=2, mode="train", size=(SEG_H, SEG_W), shard_id=shard,
+                          num_shards=2, seed=5, **NO_AUGMENT) for shard in range(2)]
+    for epoch in range(2):
+        shards = []
+        for loader in loaders:
+            batches = list(loader)
+            assert len(batches) == len(loader) == 3  # ceil(5 / 2) on both shards
+            ids = []
+            for batch in batches:
+                images, masks = batch[0]["image"], batch[0]["mask"]
+                assert images.shape == (2, 3, SEG_H, SEG_W)  # full, padded or not
+                for k, mask in zip(sample_ids(images), masks.numpy()):
+                    np.testing.assert_array_equal(mask.transpose(1, 2, 0), seg_mask(k))  # aligned, real
+                    ids.append(k)
+            shards.append(ids)
+        distinct = [set(ids) for ids in shards]
+        assert not distinct[0] & distinct[1]
+        assert distinct[0] | distinct[1] == set(range(9))  # every sample this epoch
+        # the 4-sample shard's third batch repeats its own samples (DALI repeats the shard's last one)
+        short = min(shards, key=lambda ids: len(set(ids)))
+        assert len(set(short)) == 4 and short[-2:] == [short[-3]] * 2
+
+
+def test_pairs_by_position_whatever_the_names(tmp_path):
+    names = [("img_0.npy", "mask_0.npy"), ("x.npy", "x_mask.npy"), ("scans/a.npy", "labels/zz.npy")]
+    imgs, lbls = save_pairs(tmp_path, [seg_image(k) for k in range(3)], [seg_mask(k) for k in range(3)], names)
+    images, masks = seg_epoch(seg_loader(imgs, lbls, batch_size=3, mode="eval", size=(SEG_H, SEG_W)))
+    assert sample_ids(images) == [0, 1, 2]
+    for k in range(3):
+        np.testing.assert_array_equal(masks[k].numpy().transpose(1, 2, 0), seg_mask(k))
+
+
+def per_image(image):
+    """(H, W, C) -> (C, H, W), each channel standardized by its own mean and standard deviation."""
+    image = image.astype(np.float64).reshape(image.shape[0], image.shape[1], -1)
+    std = image.std(axis=(0, 1))
+    return ((image - image.mean(axis=(0, 1))) / np.where(std > 0, std, 1)).transpose(2, 0, 1)
+
+
+IMAGE_KINDS = [((), np.uint8), ((1,), np.uint8), ((), np.uint16), ((3,), np.uint16), ((1,), np.float32),
+               ((3,), np.float32)]
+
+
+@pytest.mark.parametrize("channels,dtype", IMAGE_KINDS, ids=lambda v: str(v))
+def test_image_kinds_are_normalized_per_image(tmp_path, channels, dtype):
+    rng = np.random.default_rng(0)
+    top = {np.uint8: 255, np.uint16: 4000, np.float32: 1}[dtype]
+    images = [(rng.random((SEG_H, SEG_W, *channels)) * top).astype(dtype) for _ in range(3)]
+    images[2][:] = images[2].flat[0]  # a constant image normalizes to 0, not NaN
+    imgs, lbls = save_pairs(tmp_path, images, [seg_mask(k) for k in range(3)])
+    pipe = seg_pipe(imgs, lbls, batch_size=3, mode="eval", size=(SEG_H, SEG_W))
+    c = channels[0] if channels else 1
+    assert pipe.channels == c
+    out, masks = seg_epoch(segment_iterator(pipe))
+    assert out.shape == (3, c, SEG_H, SEG_W) and out.dtype == torch.float32
+    for image, result in zip(images, out.numpy()):
+        np.testing.assert_allclose(result, per_image(image), atol=1e-4)
+    np.testing.assert_allclose(out[:2].mean(dim=(2, 3)), 0, atol=1e-5)
+    np.testing.assert_allclose(out[:2].std(dim=(2, 3), correction=0), 1, atol=1e-4)
+    assert torch.equal(out[2], torch.zeros_like(out[2]))
+
+
+def test_per_image_normalization_numbers(tmp_path):
+    image = np.array([[0, 100], [200, 300]], np.uint16)  # mean 150, std sqrt(12500)
+    imgs, lbls = save_pairs(tmp_path, [image], [np.zeros((2, 2), np.uint8)])
+    out, _ = seg_epoch(seg_loader(imgs, lbls, batch_size=1, mode="eval", size=(2, 2)))
+    np.testing.assert_allclose(out[0, 0].numpy(), (image.astype(float) - 150) / np.sqrt(12500), atol=1e-6)
+
+
+def test_given_mean_and_std_replace_the_default(tmp_path, seg_files):
+    imgs, lbls = save_pairs(tmp_path, [np.array([[1000, 1010], [1020, 990]], np.uint16)], [np.zeros((2, 2), np.uint8)],
+                            [("u16/image.npy", "u16/mask.npy")])
+    out, _ = seg_epoch(seg_loader(imgs, lbls, batch_size=1, mode="eval", size=(2, 2), mean=1000, std=10))
+    np.testing.assert_allclose(out[0, 0].numpy(), [[0, 1], [2, -1]], atol=1e-6)
+    rgb, _ = seg_epoch(seg_loader(*seg_files, batch_size=SEG_N, mode="eval", size=(SEG_H, SEG_W),
+                                  mean=[0, 0, 50], std=[1, 10, 2]))  # 8-bit RGB too
+    np.testing.assert_allclose(rgb[:, 1].amax(dim=(1, 2)).numpy(), list(range(SEG_N)), atol=1e-6)
+    np.testing.assert_allclose(rgb[:, 2].numpy(), 0, atol=1e-6)
+
+
+# what each stored mask type is handed out as, and class values it must keep exactly
+MASK_KINDS = [(np.uint8, torch.uint8, [0, 1, 255]), (np.bool_, torch.uint8, [0, 1]),
+              (np.int8, torch.int32, [-1, 0, 3]), (np.int16, torch.int32, [-1, 0, 300]),
+              (np.uint16, torch.int32, [0, 3, 65535]), (np.int32, torch.int32, [0, 1, 2, 3]),
+              (np.int64, torch.int32, [-1, 0, 1, 2, 3]), (np.uint32, torch.int32, [0, 2, 70000])]
+
+
+@pytest.mark.parametrize("stored,handed_out,classes", MASK_KINDS, ids=lambda v: str(v))
+@pytest.mark.parametrize("shape", [(SEG_H, SEG_W), (SEG_H, SEG_W, 1)], ids=["HW", "HW1"])
+def test_mask_kinds_keep_their_class_values(tmp_path, stored, handed_out, classes, shape):
+    rng = np.random.default_rng(1)
+    masks = [np.array(classes)[rng.integers(0, len(classes), shape)].astype(stored) for _ in range(2)]
+    imgs, lbls = save_pairs(tmp_path, [seg_image(k) for k in range(2)], masks)
+    for mode, scale in (("eval", 1), ("train", 2)):
+        aug = NO_AUGMENT if mode == "train" else {}
+        images, out = seg_epoch(seg_loader(imgs, lbls, batch_size=2, mode=mode, size=(scale * SEG_H, scale * SEG_W),
+                                           **aug))
+        assert out.dtype == handed_out and out.shape == (2, 1, scale * SEG_H, scale * SEG_W)
+        for k, result in zip(sample_ids(images), out.numpy()):
+            # nearest neighbour at 2x: each pixel becomes 2 x 2
+            expected = masks[k].reshape(SEG_H, SEG_W).astype(np.int64).repeat(scale, 0).repeat(scale, 1)
+            np.testing.assert_array_equal(result[0], expected)
+
+
+def test_writeup_client_code_runs_unchanged(seg_files):
+    kwargs = {"dim": 2, "seed": 42, "gpus": 1, "overlap": 0.5, "benchmark": False, "num_workers": 4,
+              "oversampling": 0.4, "test_batches": 0, "train_batches": 0, "load_to_gpu": True}
+    train = fetch_dali_loader(imgs=seg_files[0], lbls=seg_files[1], batch_size=5, mode="train", **kwargs)
+    valid = fetch_dali_loader(imgs=seg_files[0], lbls=seg_files[1], batch_size=4, mode="eval", **kwargs)
+    assert isinstance(train, SegmentTrainPipeline) and isinstance(valid, SegmentValPipeline)
+    assert train.num_threads == 4 and train.device_id == (0 if torch.cuda.is_available() else None)
+
+    class LightningWrapper(DALIGenericIterator):
+        def __next__(self):
+            return super().__next__()[0]
+
+    # The wrapper keeps DALIGenericIterator's default policy (FILL): full batches, the last one of the
+    # validation epoch (4 + 4 + 2) padded with repeats. segment_iterator counts validation samples once.
+    for pipe, batch_size, batches in ((train, 5, 2), (valid, 4, 3)):
+        loader = LightningWrapper(pipe, auto_reset=True, reader_name="ReaderX", output_map=["image", "label"],
+                                  dynamic_shape=False)
+        for epoch in range(2):
+            out = list(loader)
+            assert len(out) == batches and all(set(batch) == {"image", "label"} for batch in out)
+            assert all(batch["image"].shape[1:] == (3, 384, 384) and batch["image"].shape[0] == batch_size
+                       and batch["label"].shape[1:] == (1, 384, 384) for batch in out)
+
+
+def test_unknown_keyword_is_refused_with_the_accepted_ones(seg_files):
+    with pytest.raises(ValueError, match="unknown keyword argument.* patch_size; it accepts device_id, "
+                                         "num_threads.*flip_p.*num_workers, gpus, and ignores dim, overlap"):
+        fetch_dali_loader(*seg_files, batch_size=2, mode="train", patch_size=[64, 64])
+
+
+def test_augmentation_settings_are_ignored_by_eval(seg_files):
+    plain, _ = seg_epoch(seg_loader(*seg_files, batch_size=SEG_N, mode="eval", size=(SEG_H, SEG_W)))
+    given, _ = seg_epoch(seg_loader(*seg_files, batch_size=SEG_N, mode="eval", size=(SEG_H, SEG_W), noise_p=1.0,
+                                    flip_p=1.0, contrast_p=1.0))
+    assert torch.equal(given, plain)
+
+
+@pytest.mark.parametrize("env,kwargs,expected", [
+    ({"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "0"}, {}, [5, 6, 7, 8, 9]),  # torchrun
+    ({"RANK": "1", "WORLD_SIZE": "2"}, {"shard_id": 0}, [0, 1, 2, 3, 4]),  # explicit wins
+    ({"RANK": "0", "WORLD_SIZE": "1"}, {"gpus": 2}, list(range(SEG_N))),  # torchrun's count wins over gpus
+    ({"LOCAL_RANK": "1"}, {"gpus": 2}, [5, 6, 7, 8, 9]),  # the write-up: shard LOCAL_RANK of gpus
+    ({}, {}, list(range(SEG_N))),
+])
+def test_shard_from_the_environment(seg_files, monkeypatch, env, kwargs, expected):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # LOCAL_RANK 1 names no GPU here
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    pipe = fetch_dali_loader(*seg_files, batch_size=5, mode="eval", size=(SEG_H, SEG_W), **kwargs)
+    assert pipe.device_id is None
+    assert sample_ids(seg_epoch(segment_iterator(pipe))[0]) == expected
+
+
+def test_shard_out_of_range(seg_files, monkeypatch):
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    with pytest.raises(ValueError, match="shard_id 1 is out of range for num_shards 1"):
+        fetch_dali_loader(*seg_files, batch_size=2, mode="train", gpus=1)
+
+
+def test_checkpoint_resumes_the_train_pipeline(seg_files):
+    kwargs = dict(batch_size=3, mode="train", size=(SEG_H, SEG_W), seed=7, enable_checkpointing=True,
+                  noise_p=0.5, blur_p=0.5)
+    loader = seg_loader(*seg_files, **kwargs)
+    next(loader)
+    checkpoint = loader.checkpoints()[0]
+    expected = next(loader)[0]
+    resumed = next(seg_loader(*seg_files, checkpoint=checkpoint, **kwargs))[0]
+    assert torch.equal(resumed["image"], expected["image"]) and torch.equal(resumed["mask"], expected["mask"])
 
 
 # ------------------------------------------------------------------------------------------
@@ -659,17 +879,16 @@ def test_empty_image_list():
         fetch_dali_loader([], [], batch_size=2, mode="eval")
 
 
-def test_unpaired_names(seg_files):
-    imgs, lbls = seg_files
-    lbls = lbls[1:] + lbls[:1]
-    with pytest.raises(DataError, match=f"{imgs[0]} and {lbls[0]} do not pair"):
-        SegmentValPipeline(2, 1, None, imgs, lbls)
+def test_no_masks(seg_files):
+    with pytest.raises(DataError, match=f"got {SEG_N} images but 0 masks"):
+        fetch_dali_loader(seg_files[0], None, batch_size=2, mode="test")
 
 
 def test_mask_size_differs_from_image(seg_files):
     imgs, lbls = seg_files
     np.save(lbls[4], np.zeros((SEG_H, SEG_W - 1, 1), np.uint8))
-    with pytest.raises(DataError, match=f"{lbls[4]}: mask is {SEG_H}x{SEG_W - 1} but its image"):
+    with pytest.raises(DataError, match=f"{lbls[4]}: mask is {SEG_H}x{SEG_W - 1} but its image {imgs[4]} is "
+                                        f"{SEG_H}x{SEG_W}"):
         SegmentTrainPipeline(2, 1, None, imgs, lbls)
 
 
@@ -680,16 +899,68 @@ def test_missing_mask_file(seg_files):
         SegmentValPipeline(2, 1, None, imgs, lbls)
 
 
-def test_mask_without_channel_axis(seg_files):
+def test_truncated_npy(seg_files):
     imgs, lbls = seg_files
-    np.save(lbls[0], np.zeros((SEG_H, SEG_W), np.uint8))
-    with pytest.raises(DataError, match=rf"{lbls[0]}: expected a mask of shape \(H, W, 1\)"):
+    with open(lbls[3], "r+b") as f:
+        f.truncate(os.path.getsize(lbls[3]) - 1)
+    with pytest.raises(DataError, match=rf"{lbls[3]}: truncated: 1087 bytes, but its header "
+                                        rf"\(\({SEG_H}, {SEG_W}, 1\) uint8\) needs 1088"):
         SegmentValPipeline(2, 1, None, imgs, lbls)
 
 
+def test_not_an_npy_file(seg_files):
+    imgs, lbls = seg_files
+    with open(imgs[5], "w") as f:
+        f.write("P6 40 24 255\n")
+    with pytest.raises(DataError, match=f"{imgs[5]}: not a .npy array"):
+        fetch_dali_loader(imgs, lbls, batch_size=2, mode="eval")
+
+
+@pytest.mark.parametrize("what,array,found", [
+    ("image", np.zeros((SEG_H, SEG_W, 4), np.uint8), rf"\({SEG_H}, {SEG_W}, 4\) uint8"),
+    ("image", np.zeros((SEG_H, SEG_W, 3), np.float64), rf"\({SEG_H}, {SEG_W}, 3\) float64"),
+    ("image", np.zeros((SEG_H, SEG_W, 3), ">u2"), rf"\({SEG_H}, {SEG_W}, 3\) >u2"),
+    ("image", np.zeros((1, SEG_H, SEG_W, 3), np.uint8), rf"\(1, {SEG_H}, {SEG_W}, 3\) uint8"),
+    ("mask", np.zeros((SEG_H, SEG_W, 2), np.uint8), rf"\({SEG_H}, {SEG_W}, 2\) uint8"),
+    ("mask", np.zeros((SEG_H, SEG_W), np.float32), rf"\({SEG_H}, {SEG_W}\) float32"),
+])
+def test_wrong_shape_or_dtype_names_the_file(seg_files, what, array, found):
+    imgs, lbls = seg_files
+    path = (imgs if what == "image" else lbls)[6]
+    np.save(path, array)
+    expected = ("an image of shape (H, W), (H, W, 1) or (H, W, 3) of uint8, uint16, float32" if what == "image"
+                else "a mask of shape (H, W) or (H, W, 1) of integer class indices")
+    with pytest.raises(DataError, match=f"{path}: expected {re.escape(expected)}, got {found}$"):
+        fetch_dali_loader(imgs, lbls, batch_size=2, mode="train")
+
+
+@pytest.mark.parametrize("what,array", [("image", np.zeros((SEG_H, SEG_W, 3), np.uint16)),
+                                        ("image", np.zeros((SEG_H, SEG_W), np.uint8)),
+                                        ("mask", np.zeros((SEG_H, SEG_W), np.uint8)),
+                                        ("mask", np.zeros((SEG_H, SEG_W, 1), np.int64))])
+def test_a_set_shares_one_kind_of_image_and_of_mask(seg_files, what, array):
+    imgs, lbls = seg_files
+    paths = imgs if what == "image" else lbls
+    np.save(paths[7], array)
+    first = f"{SEG_H}, {SEG_W}, 3\\) uint8" if what == "image" else f"{SEG_H}, {SEG_W}, 1\\) uint8"
+    with pytest.raises(DataError, match=f"{paths[7]}: {what} of shape .* but the set's first {what} {paths[0]} "
+                                        f"is \\({first}"):
+        fetch_dali_loader(imgs, lbls, batch_size=2, mode="eval")
+
+
+def test_mean_without_std(seg_files):
+    with pytest.raises(ValueError, match="give both mean and std, or neither"):
+        fetch_dali_loader(*seg_files, batch_size=2, mode="eval", mean=[0.5, 0.5, 0.5])
+
+
+def test_mean_of_the_wrong_length(seg_files):
+    with pytest.raises(ValueError, match=r"mean and std need 1 or 3 values each .* got mean=\[0.0, 0.0\]"):
+        fetch_dali_loader(*seg_files, batch_size=2, mode="eval", mean=[0, 0], std=[1, 1])
+
+
 def test_unknown_mode(seg_files):
-    with pytest.raises(ValueError, match="mode must be one of"):
-        fetch_dali_loader(*seg_files, batch_size=2, mode="test")
+    with pytest.raises(ValueError, match="mode must be one of train, eval, test, got 'predict'"):
+        fetch_dali_loader(*seg_files, batch_size=2, mode="predict")
 
 
 # ------------------------------------------------------------------------------------------
@@ -775,19 +1046,39 @@ def test_gpu_and_cpu_val_outputs_match_on_jpeg(tmp_path):
 
 
 @gpu
-def test_gpu_and_cpu_segmentation_val_match(seg_files):
-    cpu_images, cpu_masks = seg_epoch(fetch_dali_loader(*seg_files, batch_size=4, mode="eval", size=(32, 48)))
-    gpu_images, gpu_masks = seg_epoch(fetch_dali_loader(*seg_files, batch_size=4, mode="eval", size=(32, 48),
-                                                        device_id=0))
-    assert gpu_images.device.type == "cuda"
+@pytest.mark.parametrize("kind", ["rgb8", "uint16-grey-int64-mask"])
+def test_gpu_and_cpu_segmentation_val_match(tmp_path, seg_files, kind):
+    if kind == "rgb8":
+        imgs, lbls = seg_files
+    else:
+        rng = np.random.default_rng(2)
+        images = [(rng.random((SEG_H, SEG_W)) * 4000).astype(np.uint16) for _ in range(4)]
+        masks = [rng.integers(-1, 4, (SEG_H, SEG_W)).astype(np.int64) for _ in range(4)]
+        imgs, lbls = save_pairs(tmp_path, images, masks, [(f"g/i{k}.npy", f"g/m{k}.npy") for k in range(4)])
+    cpu_images, cpu_masks = seg_epoch(seg_loader(imgs, lbls, batch_size=4, mode="eval", size=(32, 48)))
+    gpu_images, gpu_masks = seg_epoch(seg_loader(imgs, lbls, batch_size=4, mode="eval", size=(32, 48), device_id=0))
+    assert gpu_images.device.type == "cuda" and gpu_masks.dtype == cpu_masks.dtype
     assert torch.equal(cpu_masks, gpu_masks.cpu())
     assert (cpu_images - gpu_images.cpu()).abs().max() < 1e-3
 
 
 @gpu
 def test_gpu_segmentation_train_alignment(seg_files):
-    loader = fetch_dali_loader(*seg_files, batch_size=4, mode="train", size=(SEG_H, SEG_W), device_id=0,
-                               **dict(NO_AUGMENT, flip_p=0.5))
+    loader = seg_loader(*seg_files, batch_size=5, mode="train", size=(SEG_H, SEG_W), device_id=0,
+                        **dict(NO_AUGMENT, flip_p=0.5))
     images, masks = seg_epoch(loader)
+    assert sorted(sample_ids(images)) == list(range(SEG_N))
     raw = unnormalize(images)
     np.testing.assert_allclose(raw[..., 0], masks[:, 0].cpu().numpy() * 100.0, atol=1e-3)
+
+
+@gpu
+def test_gpu_augmentations_touch_only_the_samples_that_draw_them(seg_files):
+    imgs, lbls = [p * 4 for p in seg_files]
+    kwargs = dict(batch_size=40, mode="train", size=(SEG_H, SEG_W), device_id=0, seed=4)
+    base, base_masks = seg_epoch(seg_loader(imgs, lbls, **kwargs, **NO_AUGMENT))
+    for augmentation in ("noise_p", "blur_p", "brightness_p", "contrast_p"):
+        images, masks = seg_epoch(seg_loader(imgs, lbls, **kwargs, **dict(NO_AUGMENT, **{augmentation: 0.5})))
+        changed = (images - base).abs().amax(dim=(1, 2, 3)) > 1e-3
+        assert 0 < changed.sum() < 40, augmentation
+        assert torch.equal(images[~changed], base[~changed]) and torch.equal(masks, base_masks)
