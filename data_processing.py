@@ -35,7 +35,8 @@ system that passes flock locks between them (Linux NFS clients do).
     python data_processing.py --demo data/demo_png                       # write the demo PNG set
     python data_processing.py --demo data/demo_png data/demo             # ... and convert + split it
 
-    from data_processing import prepare, read_split
+    from data_processing import prepare
+    from pipelines import read_split
     root = prepare("data/demo_png")       # a PNG root is prepared into data/demo_png/npy
     imgs, lbls = read_split(root, "train")
 
@@ -59,10 +60,9 @@ from collections import defaultdict
 import numpy as np
 from PIL import Image, ImageDraw, ImageFilter
 
-from pipelines import DataError
+from pipelines import CSV_HEADER, DataError
 
 SPLITS = ("train", "valid")
-CSV_HEADER = ["index", "images", "masks"]
 # Where prepare() puts the .npy pairs of a PNG root: inside it, so no write access to its
 # parent is needed and the data stays together.
 PREPARED_SUBDIR = "npy"
@@ -400,29 +400,6 @@ def make_csv_file_npy(dst_root, valid_fraction=0.2, seed=42):
             writer.writerows((i, image, mask) for i, (image, mask) in enumerate(rows[split]))
             _write_if_changed(os.path.join(dst_root, "csv_file", f"{split}.csv"), text.getvalue().encode())
     return counts
-
-
-def read_split(prepared_root, split):
-    """(images, masks): absolute ``.npy`` paths of ``prepared_root/csv_file/<split>.csv``."""
-    path = os.path.join(prepared_root, "csv_file", f"{split}.csv")
-    if not os.path.isfile(path):
-        raise DataError(f"{path}: no such file (expected a split written by make_csv_file_npy)")
-    imgs, lbls = [], []
-    with open(path, newline="") as f:
-        reader = csv.reader(f)
-        header = next(reader, None)
-        if header != CSV_HEADER:
-            raise DataError(f"{path}: header is {header}, expected {','.join(CSV_HEADER)}")
-        for row in reader:
-            if len(row) != 3:
-                raise DataError(f"{path} line {reader.line_num}: expected 3 columns ({','.join(CSV_HEADER)}), got {row}")
-            image, mask = (os.path.abspath(os.path.join(prepared_root, rel)) for rel in row[1:])
-            for file in (image, mask):
-                if not os.path.isfile(file):
-                    raise DataError(f"{path} row index {row[0]}: {file}: no such file")
-            imgs.append(image)
-            lbls.append(mask)
-    return imgs, lbls
 
 
 def prepare(root, valid_fraction=0.2, seed=42):

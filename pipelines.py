@@ -20,6 +20,7 @@ offending path before DALI builds anything.
 """
 
 import contextlib
+import csv
 import functools
 import hashlib
 import io
@@ -650,6 +651,33 @@ def _npy_shape(path):
     if size < needed:
         raise DataError(f"{path}: truncated: {size} bytes, but its header ({shape} {dtype}) needs {needed}")
     return shape, dtype
+
+
+# The columns of the split CSVs that data_processing.make_csv_file_npy writes.
+CSV_HEADER = ["index", "images", "masks"]
+
+
+def read_split(prepared_root, split):
+    """(images, masks): absolute ``.npy`` paths of ``prepared_root/csv_file/<split>.csv``."""
+    path = os.path.join(prepared_root, "csv_file", f"{split}.csv")
+    if not os.path.isfile(path):
+        raise DataError(f"{path}: no such file (expected a split written by make_csv_file_npy)")
+    imgs, lbls = [], []
+    with open(path, newline="") as f:
+        reader = csv.reader(f)
+        header = next(reader, None)
+        if header != CSV_HEADER:
+            raise DataError(f"{path}: header is {header}, expected {','.join(CSV_HEADER)}")
+        for row in reader:
+            if len(row) != 3:
+                raise DataError(f"{path} line {reader.line_num}: expected 3 columns ({','.join(CSV_HEADER)}), got {row}")
+            image, mask = (os.path.abspath(os.path.join(prepared_root, rel)) for rel in row[1:])
+            for file in (image, mask):
+                if not os.path.isfile(file):
+                    raise DataError(f"{path} row index {row[0]}: {file}: no such file")
+            imgs.append(image)
+            lbls.append(mask)
+    return imgs, lbls
 
 
 def check_segmentation_files(imgs, lbls):

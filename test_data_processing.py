@@ -18,9 +18,8 @@ from data_processing import (
     make_demo_pngs,
     png2numpy,
     prepare,
-    read_split,
 )
-from pipelines import DataError, check_segmentation_files, fetch_dali_loader, segment_iterator
+from pipelines import DataError, check_segmentation_files, fetch_dali_loader, read_split, segment_iterator
 
 GROUPS = {"1": 5, "2": 4, "3": 2, "4": 1}  # pairs per group: the split rule's edge cases
 HERE = os.path.dirname(os.path.abspath(__file__))

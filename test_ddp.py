@@ -30,6 +30,8 @@ next_batch, get_model = DALIGenericIterator.__next__, torchvision.models.get_mod
 
 def spy_next(self):
     split = "train" if isinstance(self._pipes[0], ClassifyTrainPipeline) else "val"
+    if getattr(self, "_first_batch", None) is not None:  # handing over the batch it read when it was built
+        return next_batch(self)
     try:
         batch = next_batch(self)
     except StopIteration:

@@ -24,6 +24,7 @@ import json
 import math
 import os
 import time
+from contextlib import contextmanager
 
 import numpy as np
 import torch
@@ -230,18 +231,25 @@ def make_demo_images(root, train_per_class=120, val_per_class=30, seed=0):
     return root
 
 
-def dali_batches(loader, pipe, device):
-    """(images, labels) on ``device``; a sample DALI cannot decode ends the run naming it."""
+@contextmanager
+def naming_undecodable(pipe):
+    """A DALI error caused by an image that cannot be decoded ends the run naming that image."""
     try:
-        for batch in loader:
-            yield (batch[0]["data"].to(device, non_blocking=True),
-                   batch[0]["label"].squeeze(-1).long().to(device, non_blocking=True))
+        yield
     except RuntimeError as e:
         culprit = find_undecodable(pipe)
         if culprit is None:
             raise
         raise DataError(f"{culprit}: cannot decode this image (DALI: {str(e).strip().splitlines()[-1]}); "
                         f"remove or replace it") from None
+
+
+def dali_batches(loader, pipe, device):
+    """(images, labels) on ``device``."""
+    with naming_undecodable(pipe):
+        for batch in loader:
+            yield (batch[0]["data"].to(device, non_blocking=True),
+                   batch[0]["label"].squeeze(-1).long().to(device, non_blocking=True))
 
 
 def synthetic_batches(batch, steps):
@@ -464,16 +472,6 @@ def main(args):
                                 device_id=device if device.type == "cuda" else None)
 
     ckpt = load_checkpoint(args.resume) if args.resume else None
-    output_dir, lock = open_output_dir(args) if master_process and (args.output_dir or not args.evaluate) \
-        else (None, None)
-
-    def log(record, line):
-        if master_process:
-            print(line, flush=True)
-            if output_dir:
-                with open(os.path.join(output_dir, "metrics.jsonl"), "a") as f:
-                    f.write(json.dumps(record) + "\n")
-
     if args.data == "demo":
         if ddp_local_rank == 0:  # one process per node builds it, the others wait at the barrier
             make_demo_images(DEMO_DIR)
@@ -484,6 +482,16 @@ def main(args):
         if not os.path.isdir(os.path.join(args.data, split)):
             raise UsageError(f"--data {args.data}: expected subfolders train/ and val/ in it (each an ImageFolder "
                              f"tree, TFRecord files or WebDataset tars), or --data demo for the built-in demo set")
+
+    output_dir, lock = open_output_dir(args) if master_process and (args.output_dir or not args.evaluate) \
+        else (None, None)
+
+    def log(record, line):
+        if master_process:
+            print(line, flush=True)
+            if output_dir:
+                with open(os.path.join(output_dir, "metrics.jsonl"), "a") as f:
+                    f.write(json.dumps(record) + "\n")
 
     # data: DALI shard RANK of WORLD_SIZE on GPU LOCAL_RANK (None: every DALI operator on the CPU)
     dali_state = ckpt.get("dali") if ckpt and not args.evaluate else None
@@ -506,9 +514,14 @@ def main(args):
     if ckpt:
         check_resumable(ckpt, args, classes or [str(k) for k in range(num_classes)], train_pipe.num_samples,
                         ddp_world_size)
-    train_loader, val_loader = classify_iterator(train_pipe), classify_iterator(val_pipe)
+    with naming_undecodable(train_pipe):  # the iterators decode their first batches right away
+        train_loader = classify_iterator(train_pipe)
+    with naming_undecodable(val_pipe):
+        val_loader = classify_iterator(val_pipe)
     steps = len(train_loader)  # the same on every process: every shard runs as many full batches
-    missing = set(classes or []) - set(val_pipe.classes or classes or [])
+    val_dir = os.path.join(args.data, "val")
+    in_val = {os.path.relpath(f, val_dir).split(os.sep)[0] for f in val_pipe.files} if val_pipe.layout == "folder" else set()
+    missing = set(classes) - in_val if in_val else set()
     log({"type": "start", "output_dir": output_dir, "data": args.data, "layout": train_pipe.layout,
          "train_samples": train_pipe.num_samples, "val_samples": val_pipe.num_samples, "classes": num_classes},
         (f"run folder {output_dir}; " if output_dir else "") + f"data {args.data}: {train_pipe.layout}, {train_pipe.num_samples} train and "

@@ -495,6 +495,13 @@ def main(args):
                                 device_id=device if device.type == "cuda" else None)
 
     ckpt = load_checkpoint(args.resume) if args.resume else None
+    if ddp_local_rank == 0:  # one process per node builds or converts the data, the others wait at the barrier
+        args.data = prepared_root(args.data)
+    if ddp:
+        dist.barrier()
+        args.data = prepared_root(DEMO_DIR if args.data == "demo" else args.data)  # finds what the first one made
+    splits = {split: read_split(args.data, split) for split in ("train", "valid")}
+
     output_dir, lock = open_output_dir(args) if master_process and (args.output_dir or not args.evaluate) \
         else (None, None)
 
@@ -505,15 +512,6 @@ def main(args):
                 with open(os.path.join(output_dir, "metrics.jsonl"), "a") as f:
                     f.write(json.dumps(record) + "\n")
 
-    if ddp_local_rank == 0:  # one process per node builds or converts the data, the others wait at the barrier
-        args.data = prepared_root(args.data)
-    if ddp:
-        dist.barrier()
-        args.data = prepared_root(DEMO_DIR if args.data == "demo" else args.data)  # finds what the first one made
-    splits = {split: read_split(args.data, split) for split in ("train", "valid")}
-    for imgs, lbls in splits.values():  # each process checks its share of the masks
-        check_mask_values(lbls[ddp_rank::ddp_world_size], args.num_classes, args.workers)
-
     # data: DALI shard RANK of WORLD_SIZE on GPU LOCAL_RANK (None: every DALI operator on the CPU)
     dali_state = ckpt.get("dali") if ckpt and not args.evaluate else None
     common = dict(num_threads=args.workers, device_id=ddp_local_rank if args.dali_device == "gpu" else None,
@@ -522,6 +520,8 @@ def main(args):
     train_pipe = fetch_dali_loader(*splits["train"], args.batch_size, "train", enable_checkpointing=True,
                                    checkpoint=dali_state[ddp_rank] if dali_state else None, **common)
     val_pipe = fetch_dali_loader(*splits["valid"], args.batch_size, "eval", **common)
+    for imgs, lbls in splits.values():  # each process checks its share of the masks
+        check_mask_values(lbls[ddp_rank::ddp_world_size], args.num_classes, args.workers)
     classes = [str(k) for k in range(args.num_classes)]
     num_samples = len(splits["train"][0])
     if ckpt:
