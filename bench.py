@@ -57,6 +57,7 @@ from torchvision.datasets import ImageFolder
 from nvidia.dali import ops, types
 from nvidia.dali.pipeline import Pipeline
 
+from make_shards import make_shards
 from pipelines import (
     DEFAULT_HW_DECODER_LOAD,
     IMAGENET_MEAN,
@@ -349,6 +350,23 @@ def jpeg_set(args):
     return root, source
 
 
+def shard_sets(args):
+    """{"tfrecord": dir, "wds": dir}: the JPEG set written by make_shards.py in both formats (its train split)."""
+    src = os.path.join(args.cache_dir, "bench-shards", os.path.basename(os.path.normpath(args.data_dir)))
+    out = {}
+    for fmt in ("tfrecord", "wds"):
+        dst = f"{src}-{fmt}"
+        if not os.path.exists(os.path.join(dst, "manifest.json")):
+            os.makedirs(src, exist_ok=True)
+            for split in ("train", "val"):  # make_shards reads train/ and val/: both are the JPEG set
+                if not os.path.lexists(os.path.join(src, split)):
+                    os.symlink(os.path.abspath(args.data_dir), os.path.join(src, split))
+            log(f"writing the JPEGs as {fmt} shards into {dst}")
+            make_shards(src, dst, fmt, shard_size=1024, seed=SEED)
+        out[fmt] = os.path.join(dst, "train")
+    return out
+
+
 def seg_set(args):
     root = os.path.join(args.cache_dir, "bench-seg", f"n{args.seg_samples}-{args.seg_side}px")
     generate(root, "image/mask pairs", args.seg_samples, partial(seg_paths, root),
@@ -405,11 +423,16 @@ def endless(loader, device, unpack):
         gc.collect()
 
 
-def dali_classify(args, device_id, **pipeline_kwargs):
-    pipe = ClassifyTrainPipeline(args.batch_size, args.workers, device_id, args.data_dir, seed=SEED,
+def dali_classify(args, device_id, layout="folder", **pipeline_kwargs):
+    """``ClassifyTrainPipeline`` over the JPEGs, or over the same JPEGs in TFRecord or WebDataset shards;
+    ``output_layout="HWC"`` batches become channels_last NCHW tensors, as the trainer makes them."""
+    data_dir = args.data_dir if layout == "folder" else args.shards[layout]
+    pipe = ClassifyTrainPipeline(args.batch_size, args.workers, device_id, data_dir, seed=SEED,
                                  hw_decoder_load=args.hw_decoder_load,
                                  prefetch_queue_depth=args.prefetch_queue_depth, **pipeline_kwargs)
-    return endless(classify_iterator(pipe), args.device, lambda b: (b[0]["data"], b[0]["label"].squeeze(-1).long()))
+    hwc = pipeline_kwargs.get("output_layout") == "HWC"
+    return endless(classify_iterator(pipe), args.device,
+                   lambda b: (b[0]["data"].permute(0, 3, 1, 2) if hwc else b[0]["data"], b[0]["label"].squeeze(-1).long()))
 
 
 class DecodePipeline(Pipeline):
@@ -449,7 +472,7 @@ def time_decoder(name, args, crop):
     gc.collect()
     row = dict(loader=name, img_per_s=round(batches * args.batch_size / seconds, 1), batches=batches,
                images=batches * args.batch_size, seconds=round(seconds, 3))
-    log(f"  {name:<12} {row['img_per_s']:>9.1f} img/s  ({batches} batches in {seconds:.2f} s)")
+    log(f"  {name:<20} {row['img_per_s']:>9.1f} img/s  ({batches} batches in {seconds:.2f} s)")
     return row
 
 
@@ -474,7 +497,7 @@ def torchvision_classify(args):
 @contextmanager
 def synthetic_classify(args):
     """The ceiling: one random batch, already on the GPU, fed again and again."""
-    images = torch.randn(args.batch_size, 3, CROP, CROP, device=args.device)
+    images = torch.randn(args.batch_size, 3, CROP, CROP, device=args.device).contiguous(memory_format=torch.channels_last)
     labels = torch.randint(0, 1000, (args.batch_size,), device=args.device)
     yield itertools.repeat((images, labels))
 
@@ -557,7 +580,7 @@ def time_loader(name, make_loader, args):
     # startup_s: building the loader plus warm-up, what every training run pays before its first step.
     row = dict(loader=name, img_per_s=round(images / seconds, 1), batches=batches_timed, images=images,
                seconds=round(seconds, 3), startup_s=round(start - started, 2))
-    log(f"  {name:<12} {row['img_per_s']:>9.1f} img/s  ({batches_timed} batches in {seconds:.2f} s)")
+    log(f"  {name:<20} {row['img_per_s']:>9.1f} img/s  ({batches_timed} batches in {seconds:.2f} s)")
     return row
 
 
@@ -589,7 +612,7 @@ def time_training(model_name, model, optimizer, name, make_loader, args):
                     break
     row = dict(model=model_name, loader=name, img_per_s=round(images_seen / total, 1),
                data_wait_pct=round(100 * waiting / total, 1), steps=steps, seconds=round(total, 3))
-    log(f"  {model_name:<9} {name:<12} {row['img_per_s']:>9.1f} img/s  data wait {row['data_wait_pct']:5.1f} %")
+    log(f"  {model_name:<9} {name:<20} {row['img_per_s']:>9.1f} img/s  data wait {row['data_wait_pct']:5.1f} %")
     return row
 
 
@@ -790,9 +813,16 @@ def main():
     else:
         report["skipped"]["decoder"] = "no CUDA device"
 
+    args.shards = shard_sets(args)
     log("classification loaders")
-    loaders = [("dali-mixed", partial(dali_classify, device_id=0))] if args.gpu else []
-    loaders += [("dali-cpu", partial(dali_classify, device_id=None)), ("dataloader", torchvision_classify)]
+    device_id = 0 if args.gpu else None
+    shards = [(f"{'dali-mixed' if args.gpu else 'dali-cpu'}-{fmt}", partial(dali_classify, device_id=device_id, layout=fmt))
+              for fmt in ("tfrecord", "wds")]
+    loaders = [("dali-mixed", partial(dali_classify, device_id=0)),
+               ("dali-mixed-hwc", partial(dali_classify, device_id=0, output_layout="HWC")),
+               ("dali-mixed-hwc-fp16", partial(dali_classify, device_id=0, output_layout="HWC", dtype="float16"))
+               ] if args.gpu else []
+    loaders += shards + [("dali-cpu", partial(dali_classify, device_id=None)), ("dataloader", torchvision_classify)]
     report["classification"] = with_ratios([guarded(dict(loader=name), time_loader, name, make, args)
                                             for name, make in loaders])
     save(report, args.json)

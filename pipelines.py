@@ -72,6 +72,12 @@ def _dtype(name):
         raise ValueError(f"dtype must be 'float32' or 'float16', got {name!r}") from None
 
 
+def _output_layout(name):
+    if name not in ("CHW", "HWC"):
+        raise ValueError(f"output_layout must be 'CHW' or 'HWC', got {name!r}")
+    return name
+
+
 def _devices(device_id):
     """(decoder device, operator device) for a pipeline on ``device_id`` (None = CPU only)."""
     return ("cpu", "cpu") if device_id is None else ("mixed", "gpu")
@@ -405,20 +411,21 @@ class _ClassifyPipeline(Pipeline):
     Attributes for the trainer: ``layout`` ("folder" for a tree or a file_list, "tfrecord", "wds"),
     ``classes`` (class names in index order, or None when unknown), ``num_classes`` (or None),
     ``num_samples`` (the whole split, all shards) and ``files`` (image files or shards, for
-    ``find_undecodable``).
+    ``find_undecodable``), ``output_layout`` ("CHW" or "HWC").
     """
 
     def __init__(self, batch_size, num_threads, device_id, data_dir, file_list, shard_id, num_shards,
-                 shuffle, seed, crop_size, dtype, label_offset, num_classes, classes, hw_decoder_load,
+                 shuffle, seed, crop_size, dtype, output_layout, label_offset, num_classes, classes, hw_decoder_load,
                  device_memory_padding, host_memory_padding, prefetch_queue_depth, pipeline_kwargs):
         super().__init__(batch_size, num_threads, device_id, seed=seed,
                          prefetch_queue_depth=prefetch_queue_depth, **pipeline_kwargs)
         self.decoder_device, self.device = _devices(device_id)
+        self.output_layout = _output_layout(output_layout)
         self.decoder_args = {} if device_id is None else dict(
             hw_decoder_load=hw_decoder_load, device_memory_padding=device_memory_padding,
             host_memory_padding=host_memory_padding)
         self.normalize = ops.CropMirrorNormalize(
-            device=self.device, dtype=_dtype(dtype), output_layout="CHW", crop=(crop_size, crop_size),
+            device=self.device, dtype=_dtype(dtype), output_layout=output_layout, crop=(crop_size, crop_size),
             mean=list(IMAGENET_MEAN), std=list(IMAGENET_STD))
         # pad_last_batch: every shard returns the same number of batches (DDP needs equal step
         # counts), padded with repeats of the shard's last sample; see classify_iterator.
@@ -504,7 +511,9 @@ class ClassifyTrainPipeline(_ClassifyPipeline):
     optionally random erasing.
 
     Outputs ``(images, labels)``: images (B, 3, crop_size, crop_size) float32/float16,
-    normalized with ImageNet mean/std, layout CHW; labels (B, 1) int32. ``data_dir`` is an
+    normalized with ImageNet mean/std, layout CHW, or (B, crop_size, crop_size, 3) with
+    ``output_layout="HWC"`` (``images.permute(0, 3, 1, 2)`` is then a channels_last tensor with no copy);
+    labels (B, 1) int32. ``data_dir`` is an
     ImageFolder tree, or a folder of TFRecord files or WebDataset tars (see ``find_layout``).
     ``label_offset`` is subtracted from stored labels (1 for TensorFlow's ImageNet TFRecords, which
     store 1..1000); ``classes`` (the training class names) numbers a folder's labels by name.
@@ -513,7 +522,7 @@ class ClassifyTrainPipeline(_ClassifyPipeline):
     """
 
     def __init__(self, batch_size, num_threads, device_id, data_dir=None, crop_size=224, shard_id=0,
-                 num_shards=1, seed=None, file_list=None, dtype="float32",
+                 num_shards=1, seed=None, file_list=None, dtype="float32", output_layout="CHW",
                  random_area=(0.08, 1.0), random_aspect_ratio=(3 / 4, 4 / 3), random_erase=0.0,
                  label_offset=0, num_classes=None, classes=None,
                  hw_decoder_load=DEFAULT_HW_DECODER_LOAD, device_memory_padding=DEVICE_MEMORY_PADDING,
@@ -521,7 +530,7 @@ class ClassifyTrainPipeline(_ClassifyPipeline):
         # DALI's GPU Erase has no float16 kernel: erase the float32 image, then cast it.
         cast_after_erase = random_erase and dtype == "float16"
         super().__init__(batch_size, num_threads, device_id, data_dir, file_list, shard_id, num_shards, True, seed,
-                         crop_size, "float32" if cast_after_erase else dtype, label_offset, num_classes, classes,
+                         crop_size, "float32" if cast_after_erase else dtype, output_layout, label_offset, num_classes, classes,
                          hw_decoder_load, device_memory_padding, host_memory_padding, prefetch_queue_depth,
                          pipeline_kwargs)
         # Decoding only the random crop's region saves work on large images.
@@ -570,12 +579,12 @@ class ClassifyValPipeline(_ClassifyPipeline):
     """
 
     def __init__(self, batch_size, num_threads, device_id, data_dir=None, crop_size=224, resize_size=256,
-                 shard_id=0, num_shards=1, seed=None, file_list=None, dtype="float32",
+                 shard_id=0, num_shards=1, seed=None, file_list=None, dtype="float32", output_layout="CHW",
                  label_offset=0, num_classes=None, classes=None,
                  hw_decoder_load=DEFAULT_HW_DECODER_LOAD, device_memory_padding=DEVICE_MEMORY_PADDING,
                  host_memory_padding=HOST_MEMORY_PADDING, prefetch_queue_depth=2, **pipeline_kwargs):
         super().__init__(batch_size, num_threads, device_id, data_dir, file_list, shard_id, num_shards, False, seed,
-                         crop_size, dtype, label_offset, num_classes, classes, hw_decoder_load, device_memory_padding,
+                         crop_size, dtype, output_layout, label_offset, num_classes, classes, hw_decoder_load, device_memory_padding,
                          host_memory_padding, prefetch_queue_depth, pipeline_kwargs)
         self.decode = ops.decoders.Image(device=self.decoder_device, output_type=types.RGB, **self.decoder_args)
         self.resize = ops.Resize(device=self.device, resize_shorter=resize_size,

@@ -110,6 +110,21 @@ def test_train_solid_colour_gives_exact_normalized_constant(solid_folder, dtype,
                                    atol=atol)
 
 
+@pytest.mark.parametrize("pipeline", [ClassifyTrainPipeline, ClassifyValPipeline])
+def test_hwc_output_is_the_chw_output_in_channels_last_memory(texture_folder, pipeline):
+    def first_batch(output_layout):
+        pipe = pipeline(4, 2, None, str(texture_folder), crop_size=24, seed=7, output_layout=output_layout)
+        return next(iter(classify_iterator(pipe)))[0]["data"]
+
+    chw, hwc = first_batch("CHW"), first_batch("HWC")
+    assert chw.shape == (4, 3, 24, 24) and hwc.shape == (4, 24, 24, 3)
+    nchw = hwc.permute(0, 3, 1, 2)
+    assert nchw.is_contiguous(memory_format=torch.channels_last)
+    assert torch.equal(nchw, chw)
+    with pytest.raises(ValueError, match="output_layout must be 'CHW' or 'HWC'"):
+        pipeline(4, 2, None, str(texture_folder), output_layout="NCHW")
+
+
 def test_labels_are_imagefolder_class_indices(solid_folder):
     class_to_idx = ImageFolder(str(solid_folder)).class_to_idx
     assert class_to_idx == {"Apple": 0, "b c": 1, "zebra": 2}

@@ -245,11 +245,13 @@ def naming_undecodable(pipe):
 
 
 def dali_batches(loader, pipe, device):
-    """(images, labels) on ``device``."""
+    """(images, labels) on ``device``; HWC batches become NCHW tensors in channels_last memory, with no copy."""
     with naming_undecodable(pipe):
         for batch in loader:
-            yield (batch[0]["data"].to(device, non_blocking=True),
-                   batch[0]["label"].squeeze(-1).long().to(device, non_blocking=True))
+            images = batch[0]["data"]
+            if pipe.output_layout == "HWC":
+                images = images.permute(0, 3, 1, 2)
+            yield images.to(device, non_blocking=True), batch[0]["label"].squeeze(-1).long().to(device, non_blocking=True)
 
 
 def synthetic_batches(batch, steps):
@@ -497,7 +499,9 @@ def main(args):
     dali_state = ckpt.get("dali") if ckpt and not args.evaluate else None
     common = dict(num_threads=args.workers, device_id=ddp_local_rank if args.dali_device == "gpu" else None,
                   shard_id=ddp_rank, num_shards=ddp_world_size, seed=args.seed + ddp_rank,
-                  hw_decoder_load=args.hw_decoder_load, label_offset=args.label_offset, num_classes=args.num_classes)
+                  hw_decoder_load=args.hw_decoder_load, label_offset=args.label_offset, num_classes=args.num_classes,
+                  # channels_last: DALI writes HWC, which is already that memory format (no transpose per step)
+                  output_layout="HWC" if args.channels_last else "CHW")
     # Checkpointing the train pipeline (reader position, random states) costs nothing until asked for.
     train_pipe = ClassifyTrainPipeline(args.batch_size, data_dir=os.path.join(args.data, "train"),
                                        crop_size=args.train_crop_size, random_erase=args.random_erase,
@@ -611,7 +615,8 @@ def main(args):
     for epoch in range(start_epoch, args.epochs + 1):
         start = time.perf_counter()
         if args.loader == "synthetic":
-            batch = (torch.randn(args.batch_size, 3, args.train_crop_size, args.train_crop_size, device=device),
+            images = torch.randn(args.batch_size, 3, args.train_crop_size, args.train_crop_size, device=device)
+            batch = (images.contiguous(memory_format=torch.channels_last) if args.channels_last else images,
                      torch.randint(0, num_classes, (args.batch_size,), device=device))
             train_batches = synthetic_batches(batch, steps - first_step)
         else:
