@@ -50,7 +50,8 @@ def test_quick_run_reports_every_section(quick_run):
     if meta["gpu"] is None:
         assert report["end_to_end"] == [] and "end_to_end" in report["skipped"]
     else:
-        assert {row["loader"] for row in report["end_to_end"]} == {"synthetic", "dali-mixed", "dali-cpu", "dataloader"}
+        assert {row["loader"] for row in report["end_to_end"]} == {
+            "synthetic", "dali-mixed", "dali-mixed-hwc", "dali-mixed-hwc-fp16", "dali-mixed-tfrecord", "dali-mixed-wds"}
         assert all(row["img_per_s"] > 0 and 0 <= row["data_wait_pct"] <= 100 for row in report["end_to_end"])
 
     # The printed report carries the same numbers.
