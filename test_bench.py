@@ -7,6 +7,8 @@ import sys
 
 import pytest
 
+from bench import SWEEP_HW_DECODER_LOADS, SWEEP_OPTIONS, SWEEP_THREADS
+
 REPO = os.path.dirname(os.path.abspath(__file__))
 QUICK_IMAGES = 64
 
@@ -72,4 +74,4 @@ def test_given_data_and_cache_reuse(quick_run, tmp_path):
     if report["meta"]["gpu"] is None:
         assert "sweep" in report["skipped"]
     else:
-        assert len(report["sweep"]) == 15
+        assert len(report["sweep"]) == len(SWEEP_THREADS) * len(SWEEP_HW_DECODER_LOADS) + len(SWEEP_OPTIONS)

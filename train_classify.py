@@ -112,8 +112,9 @@ def train_one_epoch(model, criterion, optimizer, scheduler, scaler, batches, epo
         window_images += n
         window_steps += 1
         if step % args.print_freq == 0 or step == steps:
+            window_loss = window_loss.item()  # a sync point: after it, this window's CUDA events have happened
             wait = sum(a.elapsed_time(b) for a, b in gaps) / 1000 if gaps else cpu_wait
-            loss_total, images_total, wait_total = all_reduce_sum([window_loss.item(), window_images, wait], device)
+            loss_total, images_total, wait_total = all_reduce_sum([window_loss, window_images, wait], device)
             now = time.perf_counter()
             elapsed = now - window_start
             record = {"type": "train", "epoch": epoch, "step": step, "steps": steps,
