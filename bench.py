@@ -63,6 +63,7 @@ from pipelines import (
     IMAGENET_MEAN,
     IMAGENET_STD,
     ClassifyTrainPipeline,
+    check_segmentation_files,
     classify_iterator,
     fetch_dali_loader,
     list_image_folder,
@@ -147,6 +148,9 @@ def parse_args(argv=None):
     p.add_argument("--ddp", action="store_true",
                    help="under torchrun: training img/s on 1 GPU and on all of them, DALI-fed and synthetic, and the "
                         "scaling (GPU only; workers default to this process's share of the CPUs)")
+    p.add_argument("--seg-startup", metavar="N", type=int,
+                   help="only time building a segmentation pipeline over N pairs of tiny .npy files (written once "
+                        "under --cache-dir) with a warm page cache: the header checks, the pipeline, its first batch")
     p.add_argument("--quick", action="store_true",
                    help="smoke test: 64 JPEGs, 16 pairs of 128x128 .npy, a few small batches; seconds on 2 CPU "
                         "cores (with a GPU it runs the GPU sections too, as small)")
@@ -616,6 +620,32 @@ def time_training(model_name, model, optimizer, name, make_loader, args):
     return row
 
 
+def seg_startup(args):
+    """Seconds from a list of N image/mask pairs to the first batch, the cost every run pays at start-up."""
+    root = os.path.join(args.cache_dir, "bench-seg-startup", str(args.seg_startup))
+    imgs = [os.path.join(root, "Images", f"{i:07d}.npy") for i in range(args.seg_startup)]
+    lbls = [os.path.join(root, "Masks", f"{i:07d}.npy") for i in range(args.seg_startup)]
+    if not os.path.exists(os.path.join(root, "complete.json")):
+        log(f"writing {args.seg_startup} pairs of 16 x 16 .npy files into {root}")
+        for folder in ("Images", "Masks"):
+            os.makedirs(os.path.join(root, folder), exist_ok=True)
+        image, mask = np.zeros((16, 16, 3), np.uint8), np.zeros((16, 16), np.uint8)
+        for image_path, mask_path in zip(imgs, lbls):
+            np.save(image_path, image)
+            np.save(mask_path, mask)
+        write_atomically(os.path.join(root, "complete.json"), lambda f: json.dump({"count": args.seg_startup}, f), "w")
+    for attempt in ("first (page cache warming)", "warm"):
+        start = time.perf_counter()
+        check_segmentation_files(imgs, lbls)
+        checked = time.perf_counter()
+        pipe = fetch_dali_loader(imgs, lbls, 32, "train", device_id=None, num_threads=args.workers, size=(16, 16))
+        built = time.perf_counter()
+        next(iter(segment_iterator(pipe)))
+        log(f"{args.seg_startup} pairs, {attempt}: header check {checked - start:.2f} s, pipeline (checks again) "
+            f"{built - checked:.2f} s, DALI build + first batch {time.perf_counter() - built:.2f} s")
+        del pipe
+
+
 def ddp_bench(args):
     """``torchrun --nproc_per_node=N bench.py --ddp``: training img/s of each model on one GPU and on N GPUs
     (DDP), fed by DALI (each process its own shard, its own share of the CPU cores) and by a synthetic
@@ -785,6 +815,8 @@ def save(report, path):
 
 def main():
     args = parse_args()
+    if args.seg_startup:
+        return seg_startup(args)
     if args.ddp:
         if not torch.cuda.is_available() or "RANK" not in os.environ:
             sys.exit("error: --ddp: run it under torchrun on a machine with CUDA GPUs, e.g. "

@@ -504,3 +504,14 @@ def test_concurrent_demo_builds_both_succeed(tmp_path):
 def test_error_gpu_requested_without_cuda(tmp_path):
     proc = run("--data", tiny_imagefolder(str(tmp_path / "d")), "--dali-device", "gpu", check=False)
     assert_one_line_error(proc, "--dali-device gpu", "no CUDA device")
+
+
+def test_mid_epoch_resume_on_webdataset_shards_gives_the_uninterrupted_weights(tmp_path):
+    from make_shards import make_shards
+
+    root = tiny_imagefolder(str(tmp_path / "d"), per_class=12)
+    make_shards(root, str(tmp_path / "wds"), "wds", shard_size=5, seed=0)
+    flags = ["--data", str(tmp_path / "wds"), *TINY, "--epochs", "2", "--checkpoint-every", "2"]
+    assert_resume_is_exact(SCRIPT, flags, tmp_path)
+    (start,) = records(str(tmp_path / "whole"), "start")
+    assert (start["layout"], start["train_samples"], start["classes"]) == ("wds", 24, 2)
