@@ -486,6 +486,7 @@ def main(args):
             raise UsageError(f"--data {args.data}: expected subfolders train/ and val/ in it (each an ImageFolder "
                              f"tree, TFRecord files or WebDataset tars), or --data demo for the built-in demo set")
 
+    # the lock file stays open, and so locked, until this process ends
     output_dir, lock = open_output_dir(args) if master_process and (args.output_dir or not args.evaluate) \
         else (None, None)
 
@@ -508,30 +509,30 @@ def main(args):
                                        crop_size=args.train_crop_size, random_erase=args.random_erase,
                                        enable_checkpointing=True,
                                        checkpoint=dali_state[ddp_rank] if dali_state else None, **common)
-    classes = train_pipe.classes
-    num_classes = len(classes) if classes else train_pipe.num_classes
+    num_classes = train_pipe.num_classes
     if num_classes is None:
         raise UsageError(f"--data {args.data}: the number of classes is unknown (no classes.txt beside the shards); "
                          f"pass --num-classes")
+    classes = train_pipe.classes or [str(k) for k in range(num_classes)]  # names: checkpoints compare them
     val_pipe = ClassifyValPipeline(args.batch_size, data_dir=os.path.join(args.data, "val"),
                                    crop_size=args.val_crop_size, resize_size=args.val_resize_size,
                                    classes=classes, **common)
     if ckpt:
-        check_resumable(ckpt, args, classes or [str(k) for k in range(num_classes)], train_pipe.num_samples,
-                        ddp_world_size)
+        check_resumable(ckpt, args, classes, train_pipe.num_samples, ddp_world_size)
     with naming_undecodable(train_pipe):  # the iterators decode their first batches right away
         train_loader = classify_iterator(train_pipe)
     with naming_undecodable(val_pipe):
         val_loader = classify_iterator(val_pipe)
     steps = len(train_loader)  # the same on every process: every shard runs as many full batches
+    # an ImageFolder val tree may lack some of train's classes: say how many
     val_dir = os.path.join(args.data, "val")
-    in_val = {os.path.relpath(f, val_dir).split(os.sep)[0] for f in val_pipe.files} if val_pipe.layout == "folder" else set()
-    missing = set(classes) - in_val if in_val else set()
+    in_val = {os.path.relpath(f, val_dir).split(os.sep)[0] for f in val_pipe.files}
+    missing = len(set(classes) - in_val) if val_pipe.layout == "folder" else 0
     log({"type": "start", "output_dir": output_dir, "data": args.data, "layout": train_pipe.layout,
          "train_samples": train_pipe.num_samples, "val_samples": val_pipe.num_samples, "classes": num_classes},
-        (f"run folder {output_dir}; " if output_dir else "") + f"data {args.data}: {train_pipe.layout}, {train_pipe.num_samples} train and "
-        f"{val_pipe.num_samples} val samples, {num_classes} classes" +
-        (f" ({len(missing)} of them have no val samples)" if missing else ""))
+        (f"run folder {output_dir}; " if output_dir else "") + f"data {args.data}: {train_pipe.layout}, "
+        f"{train_pipe.num_samples} train and {val_pipe.num_samples} val samples, {num_classes} classes"
+        + (f" ({missing} of them have no val samples)" if missing else ""))
 
     torch.manual_seed(args.seed)
     model = make_model(args, num_classes)
@@ -604,7 +605,7 @@ def main(args):
         state = {"model": model_without_ddp.state_dict(), "optimizer": optimizer.state_dict(),
                  "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict(),
                  "model_ema": model_ema.state_dict() if model_ema is not None else None, "epoch": epoch, "step": step,
-                 "args": vars(args), "best": best, "classes": classes or [str(k) for k in range(num_classes)],
+                 "args": vars(args), "best": best, "classes": classes,
                  "num_samples": train_pipe.num_samples, "world_size": ddp_world_size,
                  "dali": dali if args.loader == "dali" else None, "rng": rng}
         save_atomic(state, os.path.join(output_dir, "checkpoint.pth"))

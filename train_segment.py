@@ -503,6 +503,7 @@ def main(args):
         args.data = prepared_root(DEMO_DIR if args.data == "demo" else args.data)  # finds what the first one made
     splits = {split: read_split(args.data, split) for split in ("train", "valid")}
 
+    # the lock file stays open, and so locked, until this process ends
     output_dir, lock = open_output_dir(args) if master_process and (args.output_dir or not args.evaluate) \
         else (None, None)
 
