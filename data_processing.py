@@ -60,14 +60,14 @@ from collections import defaultdict
 import numpy as np
 from PIL import Image, ImageDraw, ImageFilter
 
-from pipelines import CSV_HEADER, DataError
+from pipelines import CSV_HEADER, DataError, atomic_open
 
 SPLITS = ("train", "valid")
 # Where prepare() puts the .npy pairs of a PNG root: inside it, so no write access to its
 # parent is needed and the data stays together.
 PREPARED_SUBDIR = "npy"
 LOCK_NAME = ".data_processing.lock"
-# The temporary names of _write_atomic; one found while holding the lock is a killed run's.
+# The temporary names of pipelines.atomic_open; one found while holding the lock is a killed run's.
 LEFTOVER = re.compile(r"\..+\.\d+\.partial")
 
 # Demo defaults: 160 pairs of 256x256 are quick to write and to convert on a CPU, and a small
@@ -129,17 +129,9 @@ def _write_atomic(path, data):
     The rename is atomic, so ``path`` holds either its old content or all of ``data``, never a
     part, whenever the process is stopped.
     """
-    folder, name = os.path.split(path)
-    os.makedirs(folder or ".", exist_ok=True)
-    tmp = os.path.join(folder, f".{name}.{os.getpid()}.partial")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with atomic_open(path) as f:
+        f.write(data)
 
 
 def _write_if_changed(path, data):
