@@ -1,6 +1,6 @@
 """train_classify.py under torchrun with two CPU processes (gloo, DALI CPU-only): every training step on
 every rank sees full batches of real images only, validation sees every image exactly once, and the
-job shuts down cleanly, also when one rank fails."""
+job shuts down cleanly, also when one rank fails; the segmentation trainer's logged Dice is its checkpoint's."""
 
 import json
 import os
@@ -120,3 +120,24 @@ def test_a_failing_rank_ends_the_job_with_its_error_line(tmp_path):
     assert proc.returncode != 0
     assert f"error: {bad}: cannot decode this image" in proc.stderr, proc.stderr[-3000:]
     assert "destroy_process_group" not in proc.stderr
+
+
+def test_two_process_segmentation_dice_equals_one_process_evaluation_of_its_checkpoint(tmp_path):
+    """DDP leaves each process with the BatchNorm statistics of its own last batches; the trainer must give
+    every process rank 0's before validating, so the logged Dice is the saved model's."""
+    common = ["--data", "demo", "-b", "8", "--workers", "1", "--dali-device", "cpu"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    trained = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29519", "train_segment.py",
+         *common, "--epochs", "1", "--output-dir", str(tmp_path / "out")],
+        cwd=HERE, capture_output=True, text=True, timeout=600, env=env)
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    with open(tmp_path / "out" / "metrics.jsonl") as f:
+        (logged,) = [r for r in map(json.loads, f) if r["type"] == "epoch"]
+    checkpoint = ["--resume", str(tmp_path / "out" / "checkpoint.pth"), "--evaluate"]
+    for launcher in ([sys.executable], [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
+                                        "--master_port=29520"]):
+        proc = subprocess.run([*launcher, "train_segment.py", *common, *checkpoint],
+                              cwd=HERE, capture_output=True, text=True, timeout=600, env=env)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert f"Test: Dice {logged['val_dice']:.3f} IoU {logged['val_iou']:.3f}" in proc.stdout, (logged, proc.stdout[-500:])

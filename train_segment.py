@@ -23,7 +23,9 @@ import fcntl
 import json
 import math
 import os
+import sys
 import time
+import traceback
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -52,6 +54,18 @@ def all_reduce_sum(values, device):
         dist.all_reduce(t)
     return t.tolist()
 
+
+def broadcast_buffers(*models):
+    """Give every process the main process's buffers (BatchNorm running statistics, EMA's too).
+
+    DDP copies them from rank 0 only at the start of each forward pass, so after an epoch's last step
+    each process holds the statistics of its own last batches; evaluating then would score a different
+    model on each shard than the one rank 0 saves.
+    """
+    if dist.is_initialized():
+        for model in models:
+            for buffer in model.buffers():
+                dist.broadcast(buffer, 0)
 
 def train_one_epoch(model, criterion, optimizer, scheduler, scaler, batches, epoch, first_step, steps, args, device,
                     log, model_ema=None, save_mid_epoch=None):
@@ -625,6 +639,7 @@ def main(args):
         train_loss = train_one_epoch(model, criterion, optimizer, scheduler, scaler, train_batches, epoch, first_step,
                                      steps, args, device, log, model_ema, save_mid_epoch=lambda step: save(epoch, step))
         first_step = 0
+        broadcast_buffers(*[m for m in (model_without_ddp, model_ema) if m is not None])
         metrics, first = evaluate(model_without_ddp, val_batches(), args, device)
         record = {"type": "epoch", "epoch": epoch, "train_loss": train_loss, **metrics}
         line = f"Epoch {epoch}: val Dice {metrics['val_dice']:.3f} IoU {metrics['val_iou']:.3f}"
@@ -719,8 +734,22 @@ if __name__ == "__main__":
         args = parser.parse_args()
     try:
         main(args)
-    except (UsageError, DataError) as e:
-        parser.exit(2, f"error: {e}\n")
+    except (Exception, KeyboardInterrupt) as e:
+        usage = isinstance(e, (UsageError, DataError))
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            # The other processes may be waiting for this one in a collective, and with NCCL a graceful
+            # destroy_process_group() then waits for them forever. Print the error and end this process
+            # at once; torchrun then stops the others and the job ends with this error.
+            if usage:
+                print(f"error: {e}", file=sys.stderr, flush=True)
+            else:
+                traceback.print_exc()
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(2 if usage else 1)
+        if usage:
+            parser.exit(2, f"error: {e}\n")
+        raise
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
