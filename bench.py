@@ -706,6 +706,12 @@ def ddp_bench(args):
                                     ("scaling", "scaling", ".3f"), ("data wait %", "data_wait_pct", ".1f")])),
                   flush=True)
             save(dict(meta=meta(args), ddp=rows), args.json)
+    except (Exception, KeyboardInterrupt):
+        if world > 1:  # as in the trainers: the others may wait in a collective, and a graceful exit with them
+            traceback.print_exc()
+            sys.stderr.flush()
+            os._exit(1)
+        raise
     finally:
         dist.destroy_process_group()
 
