@@ -67,6 +67,7 @@ def broadcast_buffers(*models):
             for buffer in model.buffers():
                 dist.broadcast(buffer, 0)
 
+
 def train_one_epoch(model, criterion, optimizer, scheduler, scaler, batches, epoch, first_step, steps, args, device,
                     log, model_ema=None, save_mid_epoch=None):
     """Steps ``first_step + 1 .. steps`` of one epoch over ``batches`` ((images, masks) on ``device``).
