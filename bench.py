@@ -63,6 +63,7 @@ from pipelines import (
     IMAGENET_MEAN,
     IMAGENET_STD,
     ClassifyTrainPipeline,
+    atomic_open,
     check_segmentation_files,
     classify_iterator,
     fetch_dali_loader,
@@ -273,15 +274,6 @@ def load_photos():
     return photos
 
 
-def write_atomically(path, write, mode="wb"):
-    """``write(file)`` to a temporary file, then rename: an interrupted run never leaves a truncated
-    file at ``path``, and a file that exists is complete."""
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, mode) as f:
-        write(f)
-    os.replace(tmp, path)
-
-
 _photos = []
 
 
@@ -298,7 +290,8 @@ def write_jpeg(root, i):
     rng = np.random.default_rng([SEED, i])
     h, w = rng.integers(SIDE_RANGE[0], SIDE_RANGE[1] + 1, size=2)
     image = photo_image(rng, _photos, h, w) if _photos else procedural_image(rng, h, w)
-    write_atomically(jpeg_path(root, i), lambda f: image.save(f, format="JPEG", quality=JPEG_QUALITY))
+    with atomic_open(jpeg_path(root, i)) as f:
+        image.save(f, format="JPEG", quality=JPEG_QUALITY)
 
 
 def seg_paths(root, i):
@@ -320,8 +313,10 @@ def write_seg_pair(root, side, i):
     objects = 0.5 * background + rng.uniform(40, 120, size=3)
     image = np.where(mask == 1, objects, background).clip(0, 255).astype(np.uint8)
     image_path, mask_path = seg_paths(root, i)
-    write_atomically(image_path, lambda f: np.save(f, image))
-    write_atomically(mask_path, lambda f: np.save(f, mask))
+    with atomic_open(image_path) as f:
+        np.save(f, image)
+    with atomic_open(mask_path) as f:
+        np.save(f, mask)
 
 
 def generate(root, what, count, paths, write, workers, photos=()):
@@ -339,7 +334,8 @@ def generate(root, what, count, paths, write, workers, photos=()):
         for done, _ in enumerate(pool.imap_unordered(write, todo, chunksize=8), 1):
             if done % step == 0 or done == len(todo):
                 log(f"  {done}/{len(todo)} {what}")
-    write_atomically(manifest, lambda f: json.dump({"count": count, "seed": SEED}, f), "w")
+    with atomic_open(manifest, "w") as f:
+        json.dump({"count": count, "seed": SEED}, f)
 
 
 def jpeg_set(args):
@@ -642,7 +638,8 @@ def seg_startup(args):
         for image_path, mask_path in zip(imgs, lbls):
             np.save(image_path, image)
             np.save(mask_path, mask)
-        write_atomically(os.path.join(root, "complete.json"), lambda f: json.dump({"count": args.seg_startup}, f), "w")
+        with atomic_open(os.path.join(root, "complete.json"), "w") as f:
+            json.dump({"count": args.seg_startup}, f)
     for attempt in ("first (page cache warming)", "warm"):
         start = time.perf_counter()
         check_segmentation_files(imgs, lbls)
@@ -822,7 +819,8 @@ def report_lines(report):
 
 
 def save(report, path):
-    write_atomically(path, lambda f: json.dump(report, f, indent=2), "w")
+    with atomic_open(path, "w") as f:
+        json.dump(report, f, indent=2)
 
 
 # ------------------------------------------------------------------------------------------
