@@ -664,6 +664,26 @@ def test_augmentations_touch_only_the_samples_that_draw_them(seg_files):
         assert torch.equal(images[~changed], base[~changed])
 
 
+@pytest.mark.parametrize("device_id", [None, pytest.param(0, marks=gpu)])
+def test_noise_is_gaussian_with_the_drawn_stddev_and_set_by_the_seed(seg_files, device_id):
+    # noise_std (0.25, 0.2501): every drawn sample gets N(0, ~0.25**2) noise per element, a fresh draw per sample
+    def run(**aug):
+        loader = seg_loader(*seg_files, batch_size=SEG_N, mode="train", size=(64, 64), seed=6, device_id=device_id,
+                            **dict(NO_AUGMENT, **aug))
+        return seg_epoch(loader)[0].cpu()
+
+    noisy = run(noise_p=1.0, noise_std=(0.25, 0.2501))
+    noise = (noisy - run()).flatten(1).double()  # the reader's shuffle follows its seed: the same order
+    assert noise.shape == (SEG_N, 3 * 64 * 64)
+    assert noise.mean(1).abs().max() < 0.015
+    assert ((noise.std(1) - 0.25).abs() < 0.01).all()
+    assert abs((noise.abs() < 0.25).double().mean().item() - 0.6827) < 0.01  # one standard deviation
+    assert abs((noise.abs() < 0.5).double().mean().item() - 0.9545) < 0.005  # two
+    correlation = torch.corrcoef(noise)
+    assert (correlation - torch.eye(SEG_N)).abs().max() < 0.06  # independent across samples
+    assert torch.equal(run(noise_p=1.0, noise_std=(0.25, 0.2501)), noisy)  # the same seed, the same noise
+
+
 def test_contrast_stays_within_the_image_range(seg_files):
     base, _ = seg_epoch(seg_loader(*seg_files, batch_size=SEG_N, mode="train", size=(SEG_H, SEG_W), **NO_AUGMENT))
     aug = dict(NO_AUGMENT, contrast_p=1.0)
