@@ -1,6 +1,7 @@
 """Side-by-side benchmark of the DALI pipelines in pipelines.py against torchvision/torch DataLoaders.
 
-One run, on the same files, same batch size, workers = DALI threads:
+One run, on the same files, same batch size, DataLoader workers = threads of the CPU-only DALI pipelines
+(the pipelines on the GPU get --gpu-threads, 8 by default, as the trainers' -j):
 
   1. classification loaders, each delivering normalized float batches where training needs them (the
      GPU when there is one): ``ClassifyTrainPipeline`` with mixed (GPU) decode, the same pipeline
@@ -125,6 +126,10 @@ def parse_args(argv=None):
     p.add_argument("--workers", metavar="N", type=int,
                    help="DataLoader workers = DALI threads = generator processes (default: the CPUs this "
                         "process may run on, os.cpu_count() unless it is pinned)")
+    p.add_argument("--gpu-threads", metavar="N", type=int,
+                   help="DALI threads of the pipelines that run on the GPU (mixed decode, GPU segmentation, the "
+                        "end-to-end section) (default: the smaller of 8 and --workers, the trainers' default -j; "
+                        "on the H200 16 threads delivered less than 8: README)")
     p.add_argument("--warmup", metavar="N", type=int,
                    help="batches (or training steps) run before timing (default: workers + 4, so the "
                         "DataLoader's first burst, one batch from every worker at once, is not timed; "
@@ -165,10 +170,12 @@ def parse_args(argv=None):
     for name, value in defaults.items():
         if getattr(args, name) is None:
             setattr(args, name, value)
+    if args.gpu_threads is None:
+        args.gpu_threads = min(8, args.workers)
     if args.warmup is None:
         args.warmup = 2 if quick else args.workers + 4
     args.seg_side = 128 if quick else 512
-    for name in ("num_images", "seg_samples", "batch_size", "seg_batch_size", "workers", "iters"):
+    for name in ("num_images", "seg_samples", "batch_size", "seg_batch_size", "workers", "gpu_threads", "iters"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be at least 1")
     for model in args.models.split(","):
@@ -427,7 +434,8 @@ def dali_classify(args, device_id, layout="folder", **pipeline_kwargs):
     """``ClassifyTrainPipeline`` over the JPEGs, or over the same JPEGs in TFRecord or WebDataset shards;
     ``output_layout="HWC"`` batches become channels_last NCHW tensors, as the trainer makes them."""
     data_dir = args.data_dir if layout == "folder" else args.shards[layout]
-    pipe = ClassifyTrainPipeline(args.batch_size, args.workers, device_id, data_dir, seed=SEED,
+    threads = args.workers if device_id is None else args.gpu_threads
+    pipe = ClassifyTrainPipeline(args.batch_size, threads, device_id, data_dir, seed=SEED,
                                  hw_decoder_load=args.hw_decoder_load,
                                  prefetch_queue_depth=args.prefetch_queue_depth, **pipeline_kwargs)
     hwc = pipeline_kwargs.get("output_layout") == "HWC"
@@ -456,7 +464,7 @@ class DecodePipeline(Pipeline):
 
 def time_decoder(name, args, crop):
     """Images per second out of ``DecodePipeline``: ``Pipeline.run`` returns each batch decoded on the GPU."""
-    pipe = DecodePipeline(args.batch_size, args.workers, args.data_dir, args.hw_decoder_load, crop)
+    pipe = DecodePipeline(args.batch_size, args.gpu_threads, args.data_dir, args.hw_decoder_load, crop)
     pipe.build()
     for _ in range(args.warmup):
         pipe.run()
@@ -503,8 +511,9 @@ def synthetic_classify(args):
 
 
 def dali_segment(args, device_id):
+    threads = args.workers if device_id is None else args.gpu_threads
     pipe = fetch_dali_loader(args.seg_imgs, args.seg_lbls, args.seg_batch_size, "train", device_id=device_id,
-                             num_threads=args.workers, size=SEG_OUTPUT, seed=SEED,
+                             num_threads=threads, size=SEG_OUTPUT, seed=SEED,
                              prefetch_queue_depth=args.prefetch_queue_depth)
     return endless(segment_iterator(pipe), args.device, lambda b: (b[0]["image"], b[0]["mask"]))
 
@@ -697,7 +706,7 @@ def ddp_bench(args):
                 row["vs_synthetic"] = round(row["img_per_s"] / same["synthetic"], 3)
                 row["scaling"] = round(row["img_per_s"] / (row["gpus"] * one), 3)
             print("\n".join(table(f"DDP: training img/s on 1 and {world} GPUs (bf16, channels_last, SGD, batch "
-                                   f"{args.batch_size} per GPU, {args.workers} DALI threads per process)", rows,
+                                   f"{args.batch_size} per GPU, {args.gpu_threads} DALI threads per process)", rows,
                                    [("model", "model", ""), ("GPUs", "gpus", "d"), ("loader", "loader", ""),
                                     ("img/s", "img_per_s", ",.1f"), ("vs synthetic", "vs_synthetic", ".3f"),
                                     ("scaling", "scaling", ".3f"), ("data wait %", "data_wait_pct", ".1f")])),
@@ -754,6 +763,7 @@ def meta(args):
         versions=dict(python=platform.python_version(), dali=nvidia.dali.__version__, torch=torch.__version__,
                       torchvision=torchvision.__version__),
         settings=dict(batch_size=args.batch_size, seg_batch_size=args.seg_batch_size, workers=args.workers,
+                      gpu_threads=args.gpu_threads,
                       warmup=args.warmup, iters=args.iters, max_seconds=args.max_seconds,
                       hw_decoder_load=args.hw_decoder_load, prefetch_queue_depth=args.prefetch_queue_depth,
                       models=args.models, quick=args.quick),
@@ -769,9 +779,10 @@ def header_lines(report):
         f"hardware  GPU: {m['gpu'] or 'none'} | CPU: {m['cpu_count']} cores ({m['cpus_usable']} usable), "
         f"{m['cpu_model']}",
         f"versions  python {v['python']} | DALI {v['dali']} | torch {v['torch']} | torchvision {v['torchvision']}",
-        f"settings  batch {cfg['batch_size']} (segmentation {cfg['seg_batch_size']}) | workers = DALI threads "
-        f"{cfg['workers']} | warmup {cfg['warmup']} + up to {cfg['iters']} timed batches or "
-        f"{cfg['max_seconds']:g} s | hw_decoder_load {cfg['hw_decoder_load']} | prefetch {cfg['prefetch_queue_depth']}",
+        f"settings  batch {cfg['batch_size']} (segmentation {cfg['seg_batch_size']}) | workers = CPU-only DALI "
+        f"threads {cfg['workers']} | GPU DALI threads {cfg['gpu_threads']} | warmup {cfg['warmup']} + up to "
+        f"{cfg['iters']} timed batches or {cfg['max_seconds']:g} s | hw_decoder_load {cfg['hw_decoder_load']} | "
+        f"prefetch {cfg['prefetch_queue_depth']}",
         f"images    {d['images']} JPEGs in {d['classes']} classes ({d['source']}, {d['path']}): mean "
         f"{d['mean_height']:.0f} x {d['mean_width']:.0f} px = {d['mean_pixels']:,} px, mean {d['mean_kib']} KiB",
         f"seg       {s['samples']} image/mask .npy pairs ({s['path']}): {s['height']} x {s['width']} px "
@@ -902,14 +913,14 @@ def main():
     if args.sweep and args.gpu:
         log("sweep: mixed-decode loader")
         for threads, load in itertools.product(SWEEP_THREADS, SWEEP_HW_DECODER_LOADS):
-            swept = argparse.Namespace(**{**vars(args), "workers": threads, "hw_decoder_load": load})
+            swept = argparse.Namespace(**{**vars(args), "gpu_threads": threads, "hw_decoder_load": load})
             name = f"{threads}t/{load:.2f}"
             row = guarded(dict(loader=name), time_loader, name, partial(dali_classify, device_id=0), swept)
             report["sweep"].append(dict(threads=threads, hw_decoder_load=load, **row))
             save(report, args.json)
         # The other knobs, one at a time, at the best threads x hw_decoder_load of the grid.
         best = max((r for r in report["sweep"] if r.get("img_per_s")), key=lambda r: r["img_per_s"])
-        tuned = argparse.Namespace(**{**vars(args), "workers": best["threads"],
+        tuned = argparse.Namespace(**{**vars(args), "gpu_threads": best["threads"],
                                       "hw_decoder_load": best["hw_decoder_load"]})
         for option, value in SWEEP_OPTIONS:
             name = f"{best['loader']} {option}={value}"

@@ -36,6 +36,9 @@ def test_quick_run_reports_every_section(quick_run):
     meta = report["meta"]
     assert "bench.py --quick" in meta["command"]
     assert {"dali", "torch", "torchvision", "python"} <= meta["versions"].keys()
+    settings = meta["settings"]
+    assert settings["gpu_threads"] == min(8, settings["workers"])  # the trainers' default -j
+    assert f"GPU DALI threads {settings['gpu_threads']}" in stdout
 
     dataset = report["dataset"]
     assert dataset["images"] == QUICK_IMAGES and dataset["classes"] == 16
