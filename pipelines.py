@@ -775,7 +775,7 @@ class SegmentValPipeline(Pipeline):
         # gives) are resized as float32, exact for class values below 2**24, and handed out as int32.
         resized, handed_out = ((types.UINT8, types.UINT8) if mask_dtype in (np.uint8, np.bool_)
                                else (types.FLOAT, types.INT32))
-        # A cast to the type a mask already has would only copy it (4-5 % of the CPU pipeline's time): uint8
+        # A cast to the type a mask already has would only copy it (3-5 % of the CPU pipeline's time): uint8
         # masks skip both.
         self.mask_in = ops.Cast(device=device, dtype=resized) if mask_dtype != np.uint8 else None
         self.mask_out = ops.Cast(device=device, dtype=handed_out) if handed_out != resized else None
@@ -884,7 +884,8 @@ class SegmentTrainPipeline(SegmentValPipeline):
             # see add_gaussian_noise), so the pipeline's seed and checkpoints decide the noise as before, and
             # they run on num_threads threads of their own: PythonFunction calls its function on one.
             self.noise_seed = ops.random.Uniform(range=[0.0, 2.0 ** 47], dtype=types.FLOAT64)
-            self.noise_pool = ThreadPoolExecutor(num_threads, thread_name_prefix="noise")
+            # (DALI's build refuses a num_threads below 1 with its own message; the pool does not get there first)
+            self.noise_pool = ThreadPoolExecutor(max(1, num_threads or 1), thread_name_prefix="noise")
             self.torch_noise = ops.PythonFunction(function=functools.partial(add_gaussian_noise, self.noise_pool),
                                                   num_outputs=1, batch_processing=True, output_layouts="CHW")
         self.blur_coin = ops.random.CoinFlip(probability=blur_p, dtype=types.BOOL)
