@@ -60,7 +60,7 @@ from collections import defaultdict
 import numpy as np
 from PIL import Image, ImageDraw, ImageFilter
 
-from pipelines import CSV_HEADER, DataError, atomic_open
+from pipelines import CSV_HEADER, DataError, atomic_open, atomic_temp_pattern
 
 SPLITS = ("train", "valid")
 # Where prepare() puts the .npy pairs of a PNG root: inside it, so no write access to its
@@ -68,7 +68,7 @@ SPLITS = ("train", "valid")
 PREPARED_SUBDIR = "npy"
 LOCK_NAME = ".data_processing.lock"
 # The temporary names of pipelines.atomic_open; one found while holding the lock is a killed run's.
-LEFTOVER = re.compile(r"\..+\.\d+\.partial")
+LEFTOVER = re.compile(atomic_temp_pattern(".+"))
 
 # Demo defaults: 160 pairs of 256x256 are quick to write and to convert on a CPU, and a small
 # network trained at 64x64 or 128x128 separates these nails from skin within about a minute.

@@ -37,7 +37,7 @@ import tarfile
 
 import google_crc32c
 
-from pipelines import DataError, atomic_open, list_image_folder, shard_index
+from pipelines import DataError, atomic_open, atomic_temp_pattern, list_image_folder, shard_index
 
 SPLITS = ("train", "val")
 
@@ -103,7 +103,7 @@ def our_files(split, fmt):
     and their temporaries (see pipelines.atomic_open)."""
     shard = rf"{split}-\d{{5}}-of-\d{{5}}" if fmt == "tfrecord" else rf"{split}-\d{{6}}\.tar"
     name = rf"(?:{shard}(?:\.idx|\.idx\.json)?|classes\.txt)"
-    return re.compile(rf"{name}|\.{name}\.\d+\.partial")
+    return re.compile(rf"{name}|{atomic_temp_pattern(name)}")
 
 
 def check_paths(src, dst, fmt):

@@ -183,7 +183,7 @@ def atomic_open(path, mode="wb"):
     """A file that appears under ``path`` only once it is completely written (a temporary name in
     the same folder, then a rename), so a killed writer never leaves half a file behind that name."""
     folder, name = os.path.split(path)
-    tmp = os.path.join(folder, f".{name}.{os.getpid()}.partial")
+    tmp = os.path.join(folder, f".{name}.{os.getpid()}.partial")  # what atomic_temp_pattern matches
     try:
         with open(tmp, mode) as f:
             yield f
@@ -191,6 +191,12 @@ def atomic_open(path, mode="wb"):
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
+
+
+def atomic_temp_pattern(name):
+    """A regular expression of ``atomic_open``'s temporary names for the files the expression ``name`` matches:
+    what a killed writer leaves behind."""
+    return rf"\.{name}\.\d+\.partial"
 
 
 def _varint(f):
@@ -843,9 +849,10 @@ def add_gaussian_noise(pool, images, stddevs, seeds):
     def fill(job):
         out, image, stddev, seed, k = job
         chunk = slice(k * NOISE_CHUNK, (k + 1) * NOISE_CHUNK)
+        noise = out.reshape(-1)[chunk]
         generator = torch.Generator().manual_seed(seed * 2 ** 16 + k)
-        torch.from_numpy(out.reshape(-1)[chunk]).normal_(0.0, float(stddev), generator=generator)
-        out.reshape(-1)[chunk] += image.reshape(-1)[chunk]
+        torch.from_numpy(noise).normal_(0.0, float(stddev), generator=generator)
+        noise += image.reshape(-1)[chunk]
 
     jobs = [(out, image, stddev, int(seed), k) for out, image, stddev, seed in zip(noisy, images, stddevs, seeds)
             for k in range(-(-image.size // NOISE_CHUNK))]
