@@ -430,12 +430,16 @@ def endless(loader, device, unpack):
         gc.collect()
 
 
+def dali_threads(args, device_id):
+    """DALI threads of a pipeline: --workers for a CPU-only one, --gpu-threads for one on the GPU."""
+    return args.workers if device_id is None else args.gpu_threads
+
+
 def dali_classify(args, device_id, layout="folder", **pipeline_kwargs):
     """``ClassifyTrainPipeline`` over the JPEGs, or over the same JPEGs in TFRecord or WebDataset shards;
     ``output_layout="HWC"`` batches become channels_last NCHW tensors, as the trainer makes them."""
     data_dir = args.data_dir if layout == "folder" else args.shards[layout]
-    threads = args.workers if device_id is None else args.gpu_threads
-    pipe = ClassifyTrainPipeline(args.batch_size, threads, device_id, data_dir, seed=SEED,
+    pipe = ClassifyTrainPipeline(args.batch_size, dali_threads(args, device_id), device_id, data_dir, seed=SEED,
                                  hw_decoder_load=args.hw_decoder_load,
                                  prefetch_queue_depth=args.prefetch_queue_depth, **pipeline_kwargs)
     hwc = pipeline_kwargs.get("output_layout") == "HWC"
@@ -511,9 +515,8 @@ def synthetic_classify(args):
 
 
 def dali_segment(args, device_id):
-    threads = args.workers if device_id is None else args.gpu_threads
     pipe = fetch_dali_loader(args.seg_imgs, args.seg_lbls, args.seg_batch_size, "train", device_id=device_id,
-                             num_threads=threads, size=SEG_OUTPUT, seed=SEED,
+                             num_threads=dali_threads(args, device_id), size=SEG_OUTPUT, seed=SEED,
                              prefetch_queue_depth=args.prefetch_queue_depth)
     return endless(segment_iterator(pipe), args.device, lambda b: (b[0]["image"], b[0]["mask"]))
 
