@@ -769,7 +769,9 @@ def meta(args):
                       gpu_threads=args.gpu_threads,
                       warmup=args.warmup, iters=args.iters, max_seconds=args.max_seconds,
                       hw_decoder_load=args.hw_decoder_load, prefetch_queue_depth=args.prefetch_queue_depth,
-                      models=args.models, quick=args.quick),
+                      models=args.models, quick=args.quick,
+                      # CPU-only pipelines run independent operators at once only with it (pipelines._executor_args)
+                      dali_new_thread_pool=os.environ.get("DALI_USE_NEW_THREAD_POOL") == "1"),
     )
 
 
@@ -785,7 +787,8 @@ def header_lines(report):
         f"settings  batch {cfg['batch_size']} (segmentation {cfg['seg_batch_size']}) | workers = CPU-only DALI "
         f"threads {cfg['workers']} | GPU DALI threads {cfg['gpu_threads']} | warmup {cfg['warmup']} + up to "
         f"{cfg['iters']} timed batches or {cfg['max_seconds']:g} s | hw_decoder_load {cfg['hw_decoder_load']} | "
-        f"prefetch {cfg['prefetch_queue_depth']}",
+        f"prefetch {cfg['prefetch_queue_depth']} | DALI_USE_NEW_THREAD_POOL "
+        f"{'1' if cfg['dali_new_thread_pool'] else 'unset'}",
         f"images    {d['images']} JPEGs in {d['classes']} classes ({d['source']}, {d['path']}): mean "
         f"{d['mean_height']:.0f} x {d['mean_width']:.0f} px = {d['mean_pixels']:,} px, mean {d['mean_kib']} KiB",
         f"seg       {s['samples']} image/mask .npy pairs ({s['path']}): {s['height']} x {s['width']} px "

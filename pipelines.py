@@ -36,7 +36,7 @@ import numpy as np
 import torch
 from nvidia.dali import math as dmath
 from nvidia.dali import ops, tfrecord, types
-from nvidia.dali.pipeline import Pipeline
+from nvidia.dali.pipeline import OperatorConcurrency, Pipeline
 from nvidia.dali.plugin.base_iterator import LastBatchPolicy
 from nvidia.dali.plugin.pytorch import DALIClassificationIterator, DALIGenericIterator
 from PIL import Image
@@ -81,6 +81,15 @@ def _output_layout(name):
 def _devices(device_id):
     """(decoder device, operator device) for a pipeline on ``device_id`` (None = CPU only)."""
     return ("cpu", "cpu") if device_id is None else ("mixed", "gpu")
+
+
+def _executor_args(device_id, pipeline_kwargs):
+    """``Pipeline`` keyword arguments: a CPU-only pipeline lets independent operators run at once, and with them
+    successive iterations. DALI 2.4 does so only in a process started with ``DALI_USE_NEW_THREAD_POOL=1`` (its new
+    thread pool, which prints a notice); without it CPU operators run one at a time, as by default. On 16 cores
+    that took the CPU-only segmentation loader from 1,022 to 1,455 img/s and classification from 3,929 to 4,836
+    (README)."""
+    return {"concurrency": OperatorConcurrency.FULL, **pipeline_kwargs} if device_id is None else pipeline_kwargs
 
 
 # ------------------------------------------------------------------------------------------
@@ -424,7 +433,7 @@ class _ClassifyPipeline(Pipeline):
                  shuffle, seed, crop_size, dtype, output_layout, label_offset, num_classes, classes, hw_decoder_load,
                  device_memory_padding, host_memory_padding, prefetch_queue_depth, pipeline_kwargs):
         super().__init__(batch_size, num_threads, device_id, seed=seed,
-                         prefetch_queue_depth=prefetch_queue_depth, **pipeline_kwargs)
+                         prefetch_queue_depth=prefetch_queue_depth, **_executor_args(device_id, pipeline_kwargs))
         self.decoder_device, self.device = _devices(device_id)
         self.output_layout = _output_layout(output_layout)
         self.decoder_args = {} if device_id is None else dict(
@@ -754,7 +763,7 @@ class SegmentValPipeline(Pipeline):
     def __init__(self, batch_size, num_threads, device_id, imgs, lbls, size=(384, 384), shard_id=0,
                  num_shards=1, seed=42, mean=None, std=None, prefetch_queue_depth=2, **pipeline_kwargs):
         super().__init__(batch_size, num_threads, device_id, seed=seed, prefetch_queue_depth=prefetch_queue_depth,
-                         **pipeline_kwargs)
+                         **_executor_args(device_id, pipeline_kwargs))
         (image_shape, image_dtype), (mask_shape, mask_dtype) = check_segmentation_files(imgs, lbls)
         self.channels = image_shape[2] if len(image_shape) == 3 else 1
         if (mean is None) != (std is None):

@@ -39,6 +39,9 @@ def test_quick_run_reports_every_section(quick_run):
     settings = meta["settings"]
     assert settings["gpu_threads"] == min(8, settings["workers"])  # the trainers' default -j
     assert f"GPU DALI threads {settings['gpu_threads']}" in stdout
+    new_pool = os.environ.get("DALI_USE_NEW_THREAD_POOL") == "1"  # inherited by bench.py's process
+    assert settings["dali_new_thread_pool"] is new_pool
+    assert f"DALI_USE_NEW_THREAD_POOL {'1' if new_pool else 'unset'}" in stdout
 
     dataset = report["dataset"]
     assert dataset["images"] == QUICK_IMAGES and dataset["classes"] == 16

@@ -6,6 +6,8 @@ import os
 import re
 import shutil
 import struct
+import subprocess
+import sys
 import tarfile
 from collections import Counter
 
@@ -13,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 from nvidia.dali import types
+from nvidia.dali.pipeline import OperatorConcurrency
 from nvidia.dali.plugin.pytorch import DALIGenericIterator
 from PIL import Image
 from torchvision.datasets import ImageFolder
@@ -876,6 +879,31 @@ def test_checkpoint_resumes_the_train_pipeline(seg_files):
     expected = next(loader)[0]
     resumed = next(seg_loader(*seg_files, checkpoint=checkpoint, **kwargs))[0]
     assert torch.equal(resumed["image"], expected["image"]) and torch.equal(resumed["mask"], expected["mask"])
+
+
+def test_cpu_only_pipelines_ask_to_run_operators_at_once(solid_folder, seg_files):
+    """What makes DALI_USE_NEW_THREAD_POOL=1 count (README): CPU-only pipelines ask DALI for full operator
+    concurrency, unless told otherwise; pipelines on a GPU keep DALI's default (None). Building is not needed."""
+    for device_id, expected in ((None, OperatorConcurrency.FULL), (0, None)):
+        assert ClassifyTrainPipeline(4, 1, device_id, str(solid_folder))._concurrency == expected
+        assert ClassifyValPipeline(4, 1, device_id, str(solid_folder))._concurrency == expected
+        assert SegmentTrainPipeline(4, 1, device_id, *seg_files)._concurrency == expected
+    told = SegmentValPipeline(4, 1, None, *seg_files, concurrency=OperatorConcurrency.BACKEND)
+    assert told._concurrency == OperatorConcurrency.BACKEND
+
+
+@pytest.mark.skipif(os.environ.get("DALI_USE_NEW_THREAD_POOL") == "1", reason="this run is the one it starts")
+def test_cpu_pipelines_pass_these_tests_with_operators_running_at_once():
+    """README's DALI_USE_NEW_THREAD_POOL=1 lets a CPU-only pipeline run independent operators, and successive
+    iterations, at once. Every CPU test of this file (labels, epochs, alignment, augmentations, checkpoints, bad
+    input) runs again in a process started with it; DALI's notice in the output shows that it took effect."""
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider", __file__,
+                          "-k", "not gpu and not operators_running_at_once"],
+                         env={**os.environ, "DALI_USE_NEW_THREAD_POOL": "1"}, capture_output=True, text=True,
+                         cwd=os.path.dirname(os.path.abspath(__file__)))
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
+    assert "Forced use of NewThreadPool" in run.stdout + run.stderr
+    assert re.search(r"\b1\d\d passed", run.stdout), run.stdout[-500:]
 
 
 # ------------------------------------------------------------------------------------------
