@@ -92,6 +92,26 @@ def _executor_args(device_id, pipeline_kwargs):
     return {"concurrency": OperatorConcurrency.FULL, **pipeline_kwargs} if device_id is None else pipeline_kwargs
 
 
+def _torch_pool(num_threads, name):
+    """The threads on which a CPU-only pipeline's torch code runs: ``num_threads`` of them, like DALI's own. (A
+    ``PythonFunction`` calls its function on one thread; torch's CPU kernels let go of the GIL while they run.) At
+    least one, so that a ``num_threads`` below 1 reaches DALI's build and its own message."""
+    return ThreadPoolExecutor(max(1, num_threads or 1), thread_name_prefix=name)
+
+
+def resize_with_torch(pool, size, images):
+    """``images`` (HWC uint8 NumPy arrays of any size) resized to ``size`` (height, width) by torch's antialiased
+    bilinear resize, on ``pool``'s threads; CHW uint8 arrays. The same filter as DALI's ``INTERP_TRIANGULAR`` with
+    antialiasing (a triangle as wide as the scale when shrinking, bilinear when enlarging) and as torchvision's
+    ``RandomResizedCrop``; DALI 2.4's CPU resize took 44 % of the CPU-only training pipeline's time, torch's
+    vectorized 8-bit path about a fifth of that (README)."""
+    def resize(image):
+        chw = torch.from_numpy(image).permute(2, 0, 1)[None]
+        return torch.nn.functional.interpolate(chw, size=size, mode="bilinear", antialias=True)[0].numpy()
+
+    return list(pool.map(resize, images))
+
+
 # ------------------------------------------------------------------------------------------
 # classification
 # ------------------------------------------------------------------------------------------
@@ -523,7 +543,8 @@ class _ClassifyPipeline(Pipeline):
 
 class ClassifyTrainPipeline(_ClassifyPipeline):
     """ImageNet-style training input: random-resized-crop fused with decode, flip, normalize, and
-    optionally random erasing.
+    optionally random erasing. The crop's resize is DALI's on the GPU and torch's on the CPU
+    (``resize_with_torch``).
 
     Outputs ``(images, labels)``: images (B, 3, crop_size, crop_size) float32/float16,
     normalized with ImageNet mean/std, layout CHW, or (B, crop_size, crop_size, 3) with
@@ -552,8 +573,14 @@ class ClassifyTrainPipeline(_ClassifyPipeline):
         self.decode = ops.decoders.ImageRandomCrop(
             device=self.decoder_device, output_type=types.RGB, random_area=list(random_area),
             random_aspect_ratio=list(random_aspect_ratio), num_attempts=100, **self.decoder_args)
-        self.resize = ops.Resize(device=self.device, resize_x=crop_size, resize_y=crop_size,
-                                 interp_type=types.INTERP_TRIANGULAR, antialias=True)
+        if device_id is None:
+            self.resize_pool = _torch_pool(num_threads, "resize")
+            self.resize = ops.PythonFunction(
+                function=functools.partial(resize_with_torch, self.resize_pool, (crop_size, crop_size)),
+                num_outputs=1, batch_processing=True, output_layouts="CHW")
+        else:
+            self.resize = ops.Resize(device=self.device, resize_x=crop_size, resize_y=crop_size,
+                                     interp_type=types.INTERP_TRIANGULAR, antialias=True)
         self.coin = ops.random.CoinFlip(probability=0.5)
         self.random_erase = random_erase
         if random_erase:
@@ -898,10 +925,9 @@ class SegmentTrainPipeline(SegmentValPipeline):
             # DALI's CPU normal generator costs 14 ms per 384x384x3 image on one core, torch's 1.3 ms, and
             # noise was half the CPU pipeline's time. Torch's generators are seeded from DALI's (below 2**47,
             # see add_gaussian_noise), so the pipeline's seed and checkpoints decide the noise as before, and
-            # they run on num_threads threads of their own: PythonFunction calls its function on one.
+            # they run on num_threads threads of their own (_torch_pool).
             self.noise_seed = ops.random.Uniform(range=[0.0, 2.0 ** 47], dtype=types.FLOAT64)
-            # (DALI's build refuses a num_threads below 1 with its own message; the pool does not get there first)
-            self.noise_pool = ThreadPoolExecutor(max(1, num_threads or 1), thread_name_prefix="noise")
+            self.noise_pool = _torch_pool(num_threads, "noise")
             self.torch_noise = ops.PythonFunction(function=functools.partial(add_gaussian_noise, self.noise_pool),
                                                   num_outputs=1, batch_processing=True, output_layouts="CHW")
         self.blur_coin = ops.random.CoinFlip(probability=blur_p, dtype=types.BOOL)

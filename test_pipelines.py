@@ -10,12 +10,13 @@ import subprocess
 import sys
 import tarfile
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
 import torch
-from nvidia.dali import types
-from nvidia.dali.pipeline import OperatorConcurrency
+from nvidia.dali import ops, types
+from nvidia.dali.pipeline import OperatorConcurrency, Pipeline
 from nvidia.dali.plugin.pytorch import DALIGenericIterator
 from PIL import Image
 from torchvision.datasets import ImageFolder
@@ -209,6 +210,42 @@ def test_val_resizes_shorter_side_before_the_crop(solid_folder):
     pipe = ClassifyValPipeline(3, 1, None, str(solid_folder), crop_size=20, resize_size=24)
     images = next(iter(classify_iterator(pipe)))[0]["data"]
     assert images.shape == (3, 3, 20, 20)
+
+
+def photo_like(h, w, seed=0):
+    """Smooth colour gradients with grain: what a resize filter's differences show on."""
+    y, x = np.mgrid[0:h, 0:w] / max(h, w)
+    base = np.stack([128 + 100 * np.sin(6 * x + 2 * y), 128 + 90 * np.cos(5 * y - 3 * x), 60 + 150 * x * y], -1)
+    return np.clip(base + np.random.default_rng(seed).normal(0, 12, (h, w, 3)), 0, 255).astype(np.uint8)
+
+
+@pytest.mark.parametrize("shape", [(449, 450), (300, 200), (97, 150), (60, 500), (224, 224)])
+def test_cpu_train_resize_is_dalis_filter_and_torchvisions(shape):
+    """The CPU training pipeline resizes its crop with torch (resize_with_torch): the filter of the GPU pipeline's
+    DALI Resize (INTERP_TRIANGULAR, antialiased) up to rounding, and of PIL's bilinear resize, which torchvision's
+    RandomResizedCrop applies to PIL images. Shrinking, enlarging, both at once, and neither."""
+    image = photo_like(*shape)
+    with ThreadPoolExecutor(2) as pool:
+        [out] = pipelines.resize_with_torch(pool, (224, 224), [image])
+    assert out.dtype == np.uint8 and out.shape == (3, 224, 224)
+    out = out.transpose(1, 2, 0).astype(int)
+
+    class DaliResize(Pipeline):
+        def __init__(self):
+            super().__init__(1, 1, None)
+            self.source = ops.ExternalSource(source=lambda: [image], layout="HWC", batch=True)
+            self.resize = ops.Resize(resize_x=224, resize_y=224, interp_type=types.INTERP_TRIANGULAR, antialias=True)
+
+        def define_graph(self):
+            return self.resize(self.source())
+
+    pipe = DaliResize()
+    pipe.build()
+    dali = np.array(pipe.run()[0].as_tensor())[0].astype(int)
+    diff = np.abs(out - dali)
+    assert diff.mean() < 0.25 and np.percentile(diff, 99) <= 1 and diff.max() <= 4
+    pil = np.asarray(Image.fromarray(image).resize((224, 224), Image.BILINEAR)).astype(int)
+    assert np.abs(out - pil).max() <= 1
 
 
 def test_file_list(tmp_path, solid_folder):
