@@ -98,17 +98,21 @@ def _torch_pool(num_threads, name):
     return ThreadPoolExecutor(max(1, num_threads or 1), thread_name_prefix=name)
 
 
-def resize_with_torch(pool, size, images):
-    """``images`` (HWC uint8 NumPy arrays of any size) resized to ``size`` (height, width) by torch's antialiased
-    bilinear resize, on ``pool``'s threads; CHW uint8 arrays. The same filter as DALI's ``INTERP_TRIANGULAR`` with
-    antialiasing (a triangle as wide as the scale when shrinking, bilinear when enlarging) and as torchvision's
-    ``RandomResizedCrop``; DALI 2.4's CPU resize took 44 % of the CPU-only training pipeline's time, torch's
-    vectorized 8-bit path about a fifth of that (README)."""
-    def resize(image):
+def resize_with_torch(pool, size, antialias, images, flips=None):
+    """DALI's CPU ``Resize``, computed by torch on ``pool``'s threads: ``images`` (HWC uint8 NumPy arrays of any size)
+    resized to ``size`` (height, width), each flipped where its ``flips`` (vertical, horizontal) is 1; CHW uint8
+    arrays, torch's own layout (a copy back to HWC cost more than it saved). Torch's bilinear resize samples pixel centres as DALI's linear one does and, with
+    ``antialias``, widens its triangle to the scale when shrinking, as DALI's ``INTERP_TRIANGULAR`` with
+    antialiasing and PIL's bilinear resize do; its vectorized 8-bit path took a third to a fifth of DALI 2.4's
+    CPU time (README)."""
+    def resize(job):
+        image, flip = job
         chw = torch.from_numpy(image).permute(2, 0, 1)[None]
-        return torch.nn.functional.interpolate(chw, size=size, mode="bilinear", antialias=True)[0].numpy()
+        out = torch.nn.functional.interpolate(chw, size=size, mode="bilinear", antialias=antialias)[0]
+        dims = [d for d, f in zip((1, 2), flip) if f] if flip is not None else []
+        return (out.flip(dims) if dims else out).contiguous().numpy()
 
-    return list(pool.map(resize, images))
+    return list(pool.map(resize, zip(images, flips if flips is not None else [None] * len(images))))
 
 
 # ------------------------------------------------------------------------------------------
@@ -575,7 +579,7 @@ class ClassifyTrainPipeline(_ClassifyPipeline):
         if device_id is None:
             self.resize_pool = _torch_pool(num_threads, "resize")
             self.resize = ops.PythonFunction(
-                function=functools.partial(resize_with_torch, self.resize_pool, (crop_size, crop_size)),
+                function=functools.partial(resize_with_torch, self.resize_pool, (crop_size, crop_size), True),
                 num_outputs=1, batch_processing=True, output_layouts="CHW")
         else:
             self.resize = ops.Resize(device=self.device, resize_x=crop_size, resize_y=crop_size,
@@ -825,6 +829,14 @@ class SegmentValPipeline(Pipeline):
                                        antialias=False, roi_relative=True)
         self.resize_mask = ops.Resize(device=device, size=list(size), interp_type=types.INTERP_NN,
                                       antialias=False, roi_relative=True)
+        # CPU-only, 8-bit images are resized (and flipped) by torch, a third of DALI 2.4's CPU time (README); torch's
+        # resize has no uint16 path, so other images keep DALI's.
+        self.torch_resize = not self.on_gpu and image_dtype == np.uint8
+        if self.torch_resize:
+            self.resize_pool = _torch_pool(num_threads, "resize")
+            self.resize_image = ops.PythonFunction(
+                function=functools.partial(resize_with_torch, self.resize_pool, tuple(size), False),
+                num_outputs=1, batch_processing=True, output_layouts="CHW")
         # (H, W, 1) -> (1, H, W) moves no data
         self.mask_chw = ops.Reshape(device=device, src_dims=[2, 0, 1], layout="CHW")
         if self.per_image:
@@ -851,13 +863,21 @@ class SegmentValPipeline(Pipeline):
         mask = self.mask_hwc(mask)
         return self.image_hwc(image), self.mask_in(mask) if self.mask_in else mask
 
-    def resize(self, image, mask, **roi):
-        return self.resize_image(image, **roi), self.resize_mask(mask, **roi)
+    def resize(self, image, mask, flips=None):
+        """Image and mask resized to ``size``, both flipped where ``flips`` (vertical, horizontal) is 1. DALI flips by
+        reading the region of interest backwards, from 1 to 0 along the flipped axes, with no pass of its own."""
+        roi = {} if flips is None else dict(roi_start=flips, roi_end=1 - flips)
+        if self.torch_resize:
+            image = self.resize_image(image) if flips is None else self.resize_image(image, flips)
+        else:
+            image = self.resize_image(image, **roi)
+        return image, self.resize_mask(mask, **roi)
 
     def normalize(self, image):
-        """(H, W, C) image -> (C, H, W) float32, normalized as the class docstring says."""
+        """Resized image (H, W, C), or (C, H, W) from torch -> (C, H, W) float32, normalized as the class docstring
+        says."""
         if self.per_image:
-            image = self.image_chw(image)
+            image = image if self.torch_resize else self.image_chw(image)
             return self.standardize(image - self.channel_min(image))
         return self.crop_mirror_normalize(image)
 
@@ -966,10 +986,8 @@ class SegmentTrainPipeline(SegmentValPipeline):
 
     def define_graph(self):
         image, mask = self.load()
-        # A flip is the region of interest read backwards, from 1 to 0 along the flipped axes: the resize
-        # does it for image and mask alike, with no pass of its own.
-        flips = self.as_float(self.flip_coin())
-        image, mask = self.resize(image, mask, roi_start=flips, roi_end=1 - flips)
+        # the resize flips image and mask alike
+        image, mask = self.resize(image, mask, self.as_float(self.flip_coin()))
         image = self.normalize(image)
         image = self.add_noise(image)
         image = self.on_drawn(self.blur_coin(), image, [self.blur_sigma()], lambda x, s: self.blur(x, sigma=s))

@@ -219,33 +219,44 @@ def photo_like(h, w, seed=0):
     return np.clip(base + np.random.default_rng(seed).normal(0, 12, (h, w, 3)), 0, 255).astype(np.uint8)
 
 
+FLIPS = [np.array(f, np.float32) for f in ([0, 0], [1, 0], [0, 1], [1, 1])]  # (vertical, horizontal)
+
+
 @pytest.mark.parametrize("shape", [(449, 450), (300, 200), (97, 150), (60, 500), (224, 224)])
-def test_cpu_train_resize_is_dalis_filter_and_torchvisions(shape):
-    """The CPU training pipeline resizes its crop with torch (resize_with_torch): the filter of the GPU pipeline's
-    DALI Resize (INTERP_TRIANGULAR, antialiased) up to rounding, and of PIL's bilinear resize, which torchvision's
-    RandomResizedCrop applies to PIL images. Shrinking, enlarging, both at once, and neither."""
+@pytest.mark.parametrize("antialias", [True, False], ids=["classification", "segmentation"])
+def test_cpu_resize_by_torch_is_dalis_resize(shape, antialias):
+    """CPU-only pipelines resize 8-bit images with torch (resize_with_torch) where the GPU pipelines use DALI's
+    Resize: the classification crop antialiased (DALI's INTERP_TRIANGULAR), segmentation images linearly and
+    flipped by a backwards region of interest. Torch's result is DALI's up to rounding, flips included; the
+    antialiased one is also PIL's bilinear resize, which torchvision's RandomResizedCrop applies to PIL images.
+    Shrinking, enlarging, both at once, and neither."""
     image = photo_like(*shape)
     with ThreadPoolExecutor(2) as pool:
-        [out] = pipelines.resize_with_torch(pool, (224, 224), [image])
-    assert out.dtype == np.uint8 and out.shape == (3, 224, 224)
-    out = out.transpose(1, 2, 0).astype(int)
+        outs = pipelines.resize_with_torch(pool, (224, 224), antialias, [image] * 4, FLIPS)
+    assert all(out.dtype == np.uint8 and out.shape == (3, 224, 224) for out in outs)
+    outs = [out.transpose(1, 2, 0) for out in outs]
 
     class DaliResize(Pipeline):
         def __init__(self):
-            super().__init__(1, 1, None)
-            self.source = ops.ExternalSource(source=lambda: [image], layout="HWC", batch=True)
-            self.resize = ops.Resize(resize_x=224, resize_y=224, interp_type=types.INTERP_TRIANGULAR, antialias=True)
+            super().__init__(4, 1, None)
+            self.images = ops.ExternalSource(source=lambda: [image] * 4, layout="HWC", batch=True)
+            self.flips = ops.ExternalSource(source=lambda: FLIPS, batch=True)
+            self.resize = ops.Resize(resize_x=224, resize_y=224, antialias=antialias, roi_relative=True,
+                                     interp_type=types.INTERP_TRIANGULAR if antialias else types.INTERP_LINEAR)
 
         def define_graph(self):
-            return self.resize(self.source())
+            flips = self.flips()
+            return self.resize(self.images(), roi_start=flips, roi_end=1 - flips)
 
     pipe = DaliResize()
     pipe.build()
-    dali = np.array(pipe.run()[0].as_tensor())[0].astype(int)
-    diff = np.abs(out - dali)
-    assert diff.mean() < 0.25 and np.percentile(diff, 99) <= 1 and diff.max() <= 4
-    pil = np.asarray(Image.fromarray(image).resize((224, 224), Image.BILINEAR)).astype(int)
-    assert np.abs(out - pil).max() <= 1
+    dali = np.array(pipe.run()[0].as_tensor()).astype(int)
+    for out, expected in zip(outs, dali):
+        diff = np.abs(out.astype(int) - expected)
+        assert diff.mean() < 0.25 and np.percentile(diff, 99) <= 1 and diff.max() <= 4
+    if antialias:
+        pil = np.asarray(Image.fromarray(image).resize((224, 224), Image.BILINEAR)).astype(int)
+        assert np.abs(outs[0].astype(int) - pil).max() <= 1
 
 
 def test_file_list(tmp_path, solid_folder):
