@@ -101,10 +101,12 @@ def _torch_pool(num_threads, name):
 def resize_with_torch(pool, size, antialias, images, flips=None):
     """DALI's CPU ``Resize``, computed by torch on ``pool``'s threads: ``images`` (HWC uint8 NumPy arrays of any size)
     resized to ``size`` (height, width), each flipped where its ``flips`` (vertical, horizontal) is 1; CHW uint8
-    arrays, torch's own layout (a copy back to HWC cost more than it saved). Torch's bilinear resize samples pixel centres as DALI's linear one does and, with
-    ``antialias``, widens its triangle to the scale when shrinking, as DALI's ``INTERP_TRIANGULAR`` with
-    antialiasing and PIL's bilinear resize do; its vectorized 8-bit path took a third to a fifth of DALI 2.4's
-    CPU time (README)."""
+    arrays, torch's own layout (a copy back to HWC cost more than it saved).
+
+    Torch's bilinear resize samples pixel centres as DALI's linear one does and, with ``antialias``, widens its
+    triangle to the scale when shrinking, as DALI's ``INTERP_TRIANGULAR`` with antialiasing and PIL's bilinear
+    resize do. Its vectorized 8-bit path took a quarter to a sixth of DALI 2.4's time on one thread
+    (results/cpu2-2026-11-29d/resize_micro.log)."""
     def resize(job):
         image, flip = job
         chw = torch.from_numpy(image).permute(2, 0, 1)[None]
@@ -824,19 +826,20 @@ class SegmentValPipeline(Pipeline):
         # masks skip both.
         self.mask_in = ops.Cast(device=device, dtype=resized) if mask_dtype != np.uint8 else None
         self.mask_out = ops.Cast(device=device, dtype=handed_out) if handed_out != resized else None
-        # roi_relative: the training pipeline flips by reading the region of interest backwards
-        self.resize_image = ops.Resize(device=device, size=list(size), interp_type=types.INTERP_LINEAR,
-                                       antialias=False, roi_relative=True)
-        self.resize_mask = ops.Resize(device=device, size=list(size), interp_type=types.INTERP_NN,
-                                      antialias=False, roi_relative=True)
-        # CPU-only, 8-bit images are resized (and flipped) by torch, a third of DALI 2.4's CPU time (README); torch's
-        # resize has no uint16 path, so other images keep DALI's.
+        # CPU-only, 8-bit images are resized (and flipped) by torch, faster than DALI 2.4's CPU resize (README);
+        # torch's resize has no uint16 path, so other images keep DALI's.
         self.torch_resize = not self.on_gpu and image_dtype == np.uint8
         if self.torch_resize:
             self.resize_pool = _torch_pool(num_threads, "resize")
             self.resize_image = ops.PythonFunction(
                 function=functools.partial(resize_with_torch, self.resize_pool, tuple(size), False),
                 num_outputs=1, batch_processing=True, output_layouts="CHW")
+        else:
+            # roi_relative: the training pipeline flips by reading the region of interest backwards
+            self.resize_image = ops.Resize(device=device, size=list(size), interp_type=types.INTERP_LINEAR,
+                                           antialias=False, roi_relative=True)
+        self.resize_mask = ops.Resize(device=device, size=list(size), interp_type=types.INTERP_NN,
+                                      antialias=False, roi_relative=True)
         # (H, W, 1) -> (1, H, W) moves no data
         self.mask_chw = ops.Reshape(device=device, src_dims=[2, 0, 1], layout="CHW")
         if self.per_image:
