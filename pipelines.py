@@ -91,11 +91,11 @@ def _executor_args(device_id, pipeline_kwargs):
     return {"concurrency": OperatorConcurrency.FULL, **pipeline_kwargs} if device_id is None else pipeline_kwargs
 
 
-def _torch_pool(num_threads, name):
+def _torch_pool(num_threads):
     """The threads on which a CPU-only pipeline's torch code runs: ``num_threads`` of them, like DALI's own. (A
     ``PythonFunction`` calls its function on one thread; torch's CPU kernels let go of the GIL while they run.) At
     least one, so that a ``num_threads`` below 1 reaches DALI's build and its own message."""
-    return ThreadPoolExecutor(max(1, num_threads or 1), thread_name_prefix=name)
+    return ThreadPoolExecutor(max(1, num_threads or 1), thread_name_prefix="torch")
 
 
 def resize_with_torch(pool, size, antialias, images, flips=None):
@@ -111,10 +111,10 @@ def resize_with_torch(pool, size, antialias, images, flips=None):
         image, flip = job
         chw = torch.from_numpy(image).permute(2, 0, 1)[None]
         out = torch.nn.functional.interpolate(chw, size=size, mode="bilinear", antialias=antialias)[0]
-        dims = [d for d, f in zip((1, 2), flip) if f] if flip is not None else []
+        dims = [d for d, f in zip((1, 2), flip) if f]
         return (out.flip(dims) if dims else out).contiguous().numpy()
 
-    return list(pool.map(resize, zip(images, flips if flips is not None else [None] * len(images))))
+    return list(pool.map(resize, zip(images, flips if flips is not None else [(0, 0)] * len(images))))
 
 
 # ------------------------------------------------------------------------------------------
@@ -579,9 +579,9 @@ class ClassifyTrainPipeline(_ClassifyPipeline):
             device=self.decoder_device, output_type=types.RGB, random_area=list(random_area),
             random_aspect_ratio=list(random_aspect_ratio), num_attempts=100, **self.decoder_args)
         if device_id is None:
-            self.resize_pool = _torch_pool(num_threads, "resize")
+            self.torch_pool = _torch_pool(num_threads)
             self.resize = ops.PythonFunction(
-                function=functools.partial(resize_with_torch, self.resize_pool, (crop_size, crop_size), True),
+                function=functools.partial(resize_with_torch, self.torch_pool, (crop_size, crop_size), True),
                 num_outputs=1, batch_processing=True, output_layouts="CHW")
         else:
             self.resize = ops.Resize(device=self.device, resize_x=crop_size, resize_y=crop_size,
@@ -828,11 +828,13 @@ class SegmentValPipeline(Pipeline):
         self.mask_out = ops.Cast(device=device, dtype=handed_out) if handed_out != resized else None
         # CPU-only, 8-bit images are resized (and flipped) by torch, faster than DALI 2.4's CPU resize (README);
         # torch's resize has no uint16 path, so other images keep DALI's.
+        # One pool for the torch code of a CPU-only pipeline (this resize, the training noise); its threads start
+        # on first use.
+        self.torch_pool = None if self.on_gpu else _torch_pool(num_threads)
         self.torch_resize = not self.on_gpu and image_dtype == np.uint8
         if self.torch_resize:
-            self.resize_pool = _torch_pool(num_threads, "resize")
             self.resize_image = ops.PythonFunction(
-                function=functools.partial(resize_with_torch, self.resize_pool, tuple(size), False),
+                function=functools.partial(resize_with_torch, self.torch_pool, tuple(size), False),
                 num_outputs=1, batch_processing=True, output_layouts="CHW")
         else:
             # roi_relative: the training pipeline flips by reading the region of interest backwards
@@ -843,7 +845,9 @@ class SegmentValPipeline(Pipeline):
         # (H, W, 1) -> (1, H, W) moves no data
         self.mask_chw = ops.Reshape(device=device, src_dims=[2, 0, 1], layout="CHW")
         if self.per_image:
-            self.image_chw = ops.Transpose(device=device, perm=[2, 0, 1], output_layout="CHW")
+            # torch's resize hands out CHW already
+            self.image_chw = (None if self.torch_resize
+                              else ops.Transpose(device=device, perm=[2, 0, 1], output_layout="CHW"))
             # Each channel is shifted to start at 0 first, which changes nothing after standardizing but
             # makes a constant channel exactly 0: its mean in float32 is a hair off its value, and that
             # hair divided by an equally small standard deviation came out as -1 or 1.
@@ -880,7 +884,7 @@ class SegmentValPipeline(Pipeline):
         """Resized image (H, W, C), or (C, H, W) from torch -> (C, H, W) float32, normalized as the class docstring
         says."""
         if self.per_image:
-            image = image if self.torch_resize else self.image_chw(image)
+            image = self.image_chw(image) if self.image_chw else image
             return self.standardize(image - self.channel_min(image))
         return self.crop_mirror_normalize(image)
 
@@ -947,10 +951,9 @@ class SegmentTrainPipeline(SegmentValPipeline):
             # DALI's CPU normal generator costs 14 ms per 384x384x3 image on one core, torch's 1.3 ms, and
             # noise was half the CPU pipeline's time. Torch's generators are seeded from DALI's (below 2**47,
             # see add_gaussian_noise), so the pipeline's seed and checkpoints decide the noise as before, and
-            # they run on num_threads threads of their own (_torch_pool).
+            # they run on num_threads threads of their own (self.torch_pool).
             self.noise_seed = ops.random.Uniform(range=[0.0, 2.0 ** 47], dtype=types.FLOAT64)
-            self.noise_pool = _torch_pool(num_threads, "noise")
-            self.torch_noise = ops.PythonFunction(function=functools.partial(add_gaussian_noise, self.noise_pool),
+            self.torch_noise = ops.PythonFunction(function=functools.partial(add_gaussian_noise, self.torch_pool),
                                                   num_outputs=1, batch_processing=True, output_layouts="CHW")
         self.blur_coin = ops.random.CoinFlip(probability=blur_p, dtype=types.BOOL)
         self.blur_sigma = ops.random.Uniform(range=list(blur_sigma))
