@@ -1,6 +1,7 @@
-"""train_classify.py under torchrun with two CPU processes (gloo, DALI CPU-only): every training step on
-every rank sees full batches of real images only, validation sees every image exactly once, and the
-job shuts down cleanly, also when one rank fails; the segmentation trainer's logged Dice is its checkpoint's."""
+"""train_classify.py under torchrun with two CPU processes (gloo, DALI CPU-only; any GPU hidden): every training
+step on every rank sees full batches of real images only, validation sees every image exactly once, and the
+job shuts down cleanly, also when one rank fails; the segmentation trainer's logged Dice is its checkpoint's.
+On a machine with GPUs, more processes than GPUs are refused with one line."""
 
 import json
 import os
@@ -8,11 +9,15 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
+import torch
 from PIL import Image
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 N_TRAIN, N_VAL = 17, 9  # odd: the shards differ by one sample
 BATCH = 4
+# every process on the CPU, as on a machine without a GPU, whatever this one has
+CPU_ENV = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
 
 # Runs train_classify.py as a script, unchanged; records which images each rank's DALI batches held (every
 # image is one solid colour, so a crop of it still says which it was) and how many times the model's first
@@ -62,16 +67,16 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 """
 
 
-def torchrun(tmp_path, *flags, port, script=None):
+def torchrun(tmp_path, *flags, port, script=None, nproc=2, env=CPU_ENV):
     if script is None:
         script = tmp_path / "spy.py"
         script.write_text(SPY.format(here=HERE, out=str(tmp_path)))
     return subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={port}", str(script),
+        [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", f"--master_port={port}", str(script),
          "--data", str(tmp_path / "data"), "--arch", "resnet18", "--train-crop-size", "64", "--val-crop-size", "64",
          "--val-resize-size", "64", "--batch-size", str(BATCH), "--workers", "1", "--dali-device", "cpu",
          "--print-freq", "1", "--output-dir", str(tmp_path / "out"), *flags],
-        cwd=HERE, capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        cwd=HERE, capture_output=True, text=True, timeout=600, env=env)
 
 
 def make_data(root):
@@ -126,7 +131,7 @@ def test_two_process_segmentation_dice_equals_one_process_evaluation_of_its_chec
     """DDP leaves each process with the BatchNorm statistics of its own last batches; the trainer must give
     every process rank 0's before validating, so the logged Dice is the saved model's."""
     common = ["--data", "demo", "-b", "8", "--workers", "1", "--dali-device", "cpu"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env = CPU_ENV
     trained = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29519", "train_segment.py",
          *common, "--epochs", "1", "--output-dir", str(tmp_path / "out")],
@@ -141,3 +146,15 @@ def test_two_process_segmentation_dice_equals_one_process_evaluation_of_its_chec
                               cwd=HERE, capture_output=True, text=True, timeout=600, env=env)
         assert proc.returncode == 0, proc.stderr[-3000:]
         assert f"Test: Dice {logged['val_dice']:.3f} IoU {logged['val_iou']:.3f}" in proc.stdout, (logged, proc.stdout[-500:])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_more_processes_than_gpus_is_refused_with_one_line(tmp_path):
+    make_data(tmp_path / "data")
+    gpus = torch.cuda.device_count()
+    proc = torchrun(tmp_path, "--epochs", "1", port=29521, script=os.path.join(HERE, "train_classify.py"),
+                    nproc=gpus + 1, env=os.environ)
+    assert proc.returncode != 0
+    assert (f"error: LOCAL_RANK {gpus}: this machine shows {gpus} CUDA device(s) and each process needs one; "
+            f"start at most that many (torchrun --nproc_per_node)") in proc.stderr, proc.stderr[-3000:]
+    assert "invalid device ordinal" not in proc.stderr and "destroy_process_group" not in proc.stderr

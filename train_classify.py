@@ -473,6 +473,10 @@ def main(args):
     ddp_world_size = int(os.environ.get("WORLD_SIZE", 1))
     master_process = ddp_rank == 0  # the one process that writes logs and checkpoints
     device = torch.device("cuda", ddp_local_rank) if torch.cuda.is_available() else torch.device("cpu")
+    if device.type == "cuda" and ddp_local_rank >= torch.cuda.device_count():
+        raise UsageError(f"LOCAL_RANK {ddp_local_rank}: this machine shows {torch.cuda.device_count()} CUDA device(s) and "
+                         f"each process needs one; start at most that many (torchrun --nproc_per_node), or hide them "
+                         f"(CUDA_VISIBLE_DEVICES=) to train on the CPU")
     if device.type == "cuda":
         torch.cuda.set_device(device)
         torch.backends.cudnn.benchmark = True  # fixed input sizes: cuDNN times its kernels once and keeps the fastest
