@@ -1174,9 +1174,15 @@ def test_gpu_and_cpu_segmentation_val_match(tmp_path, seg_files, kind):
     gpu_images, gpu_masks = seg_epoch(seg_loader(imgs, lbls, batch_size=4, mode="eval", size=(32, 48), device_id=0))
     assert gpu_images.device.type == "cuda" and gpu_masks.dtype == cpu_masks.dtype
     assert torch.equal(cpu_masks, gpu_masks.cpu())
-    # GPU and CPU resize round differently by a level of the input at most: 1e-3 of ImageNet's normalized
-    # units for 8-bit RGB; about 1 / 1150 for a 0..4000 uint16 image normalized by its own std
-    assert (cpu_images - gpu_images.cpu()).abs().max() < (1e-3 if kind == "rgb8" else 3e-3)
+    diff = (cpu_images - gpu_images.cpu()).abs()
+    if kind == "rgb8":
+        # The CPU pipeline resizes 8-bit images with torch and keeps them 8-bit (rounded), the GPU one with DALI's
+        # Resize in float: a level of the input apart at most, a quarter of one on average (rounding's own share).
+        levels = diff * torch.tensor(pipelines.IMAGENET_STD).view(1, 3, 1, 1)
+        assert levels.max() <= 1.001 and levels.mean() < 0.4
+    else:
+        # both resized by DALI, rounding differently: about 1 / 1150 for a 0..4000 uint16 image normalized by its std
+        assert diff.max() < 3e-3
 
 
 @gpu
