@@ -106,15 +106,25 @@ def resize_with_torch(pool, size, antialias, images, flips=None):
     Torch's bilinear resize samples pixel centres as DALI's linear one does and, with ``antialias``, widens its
     triangle to the scale when shrinking, as DALI's ``INTERP_TRIANGULAR`` with antialiasing and PIL's bilinear
     resize do. Its vectorized 8-bit path took a quarter to a sixth of DALI 2.4's time on one thread
-    (results/cpu2-2026-11-29d/resize_micro.log)."""
-    def resize(job):
-        image, flip = job
-        chw = torch.from_numpy(image).permute(2, 0, 1)[None]
-        out = torch.nn.functional.interpolate(chw, size=size, mode="bilinear", antialias=antialias)[0]
-        dims = [d for d, f in zip((1, 2), flip) if f]
-        return (out.flip(dims) if dims else out).contiguous().numpy()
+    (results/cpu2-2026-11-29d/resize_micro.log).
 
-    return list(pool.map(resize, zip(images, flips if flips is not None else [(0, 0)] * len(images))))
+    Every torch call lets go of the GIL and takes it back, and on 16 threads the threads spent far longer
+    waiting for it than resizing (results/h200-2026-11-29f): so the NCHW view is NumPy's, the result is read
+    through ``numpy()`` with no further torch call, an unflipped image costs one torch call, and each thread gets
+    a few runs of images instead of a task per image."""
+    def resize(jobs):
+        out = []
+        for image, flip in jobs:
+            nchw = torch.from_numpy(image[None].transpose(0, 3, 1, 2))
+            resized = torch.nn.functional.interpolate(nchw, size=size, mode="bilinear", antialias=antialias)
+            dims = [d for d, f in zip((2, 3), flip) if f]
+            out.append(np.ascontiguousarray((resized.flip(dims) if dims else resized).numpy()[0]))  # no copy
+        return out
+
+    jobs = list(zip(images, flips if flips is not None else [(0, 0)] * len(images)))
+    # two runs per thread evens out images of different sizes; _max_workers is the pool's thread count
+    step = max(1, -(-len(jobs) // (2 * pool._max_workers)))
+    return [a for run in pool.map(resize, [jobs[i:i + step] for i in range(0, len(jobs), step)]) for a in run]
 
 
 # ------------------------------------------------------------------------------------------
