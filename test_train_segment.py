@@ -119,6 +119,28 @@ def test_multiclass_reports_every_class(tmp_path):
     assert epoch["val_dice"] == pytest.approx(sum(epoch["val_dice_per_class"].values()) / 3)
 
 
+def test_compile_trains_as_eager_and_saves_the_plain_model(tmp_path):
+    """--compile computes the eager model's loss, up to float rounding, and saves the plain model's weights, which
+    --evaluate without --compile scores as the run did. One step: 2 training pairs, batch 2."""
+    root = prepared_root(str(tmp_path / "p"))
+    runs = {}
+    for name, flags in (("eager", []), ("compiled", ["--compile"])):
+        out = str(tmp_path / name)
+        run("--data", root, "--size", "64", "--unet-width", "8", "--batch-size", "2", "--epochs", "1",
+            "--dali-device", "cpu", "--print-freq", "1", "--output-dir", out, *flags)
+        runs[name] = out
+    eager_loss, compiled_loss = ([r["loss"] for r in records(runs[k], "train")] for k in ("eager", "compiled"))
+    assert len(compiled_loss) == 1 and compiled_loss == pytest.approx(eager_loss, rel=1e-3)
+    plain = torch.load(os.path.join(runs["eager"], "checkpoint.pth"), weights_only=True)["model"]
+    saved = torch.load(os.path.join(runs["compiled"], "checkpoint.pth"), weights_only=True)["model"]
+    assert saved.keys() == plain.keys()  # no torch.compile "_orig_mod." prefix
+    assert all(saved[k].shape == plain[k].shape and saved[k].dtype == plain[k].dtype for k in plain)
+    run("--data", root, "--size", "64", "--unet-width", "8", "--dali-device", "cpu", "--evaluate",
+        "--resume", os.path.join(runs["compiled"], "checkpoint.pth"), "--output-dir", str(tmp_path / "eval"))
+    (evaluation,) = records(str(tmp_path / "eval"), "eval")
+    assert evaluation["val_dice"] == pytest.approx(records(runs["compiled"], "epoch")[-1]["val_dice"], abs=1e-9)
+
+
 def test_error_csv_row_points_to_missing_file(tmp_path):
     root = prepared_root(str(tmp_path / "p"))
     with open(os.path.join(root, "csv_file", "train.csv"), newline="") as f:
