@@ -105,9 +105,9 @@ def prepared_root(root, n=4, size=(64, 64), classes=2):
     return root
 
 
-def tiny(root, *flags):
+def tiny(root, *flags, out=None):
     return run("--data", root, "--size", "64", "--unet-width", "8", "--batch-size", "2", "--epochs", "1",
-               "--dali-device", "cpu", "--output-dir", os.path.join(root, "out"), *flags, check=False)
+               "--dali-device", "cpu", "--output-dir", out or os.path.join(root, "out"), *flags, check=False)
 
 
 def test_multiclass_reports_every_class(tmp_path):
@@ -125,18 +125,18 @@ def test_compile_trains_as_eager_and_saves_the_plain_model(tmp_path):
     root = prepared_root(str(tmp_path / "p"))
     runs = {}
     for name, flags in (("eager", []), ("compiled", ["--compile"])):
-        out = str(tmp_path / name)
-        run("--data", root, "--size", "64", "--unet-width", "8", "--batch-size", "2", "--epochs", "1",
-            "--dali-device", "cpu", "--print-freq", "1", "--output-dir", out, *flags)
-        runs[name] = out
+        runs[name] = str(tmp_path / name)
+        proc = tiny(root, "--print-freq", "1", *flags, out=runs[name])
+        assert proc.returncode == 0, proc.stderr
     eager_loss, compiled_loss = ([r["loss"] for r in records(runs[k], "train")] for k in ("eager", "compiled"))
     assert len(compiled_loss) == 1 and compiled_loss == pytest.approx(eager_loss, rel=1e-3)
     plain = torch.load(os.path.join(runs["eager"], "checkpoint.pth"), weights_only=True)["model"]
     saved = torch.load(os.path.join(runs["compiled"], "checkpoint.pth"), weights_only=True)["model"]
     assert saved.keys() == plain.keys()  # no torch.compile "_orig_mod." prefix
     assert all(saved[k].shape == plain[k].shape and saved[k].dtype == plain[k].dtype for k in plain)
-    run("--data", root, "--size", "64", "--unet-width", "8", "--dali-device", "cpu", "--evaluate",
-        "--resume", os.path.join(runs["compiled"], "checkpoint.pth"), "--output-dir", str(tmp_path / "eval"))
+    proc = tiny(root, "--evaluate", "--resume", os.path.join(runs["compiled"], "checkpoint.pth"),
+                out=str(tmp_path / "eval"))
+    assert proc.returncode == 0, proc.stderr
     (evaluation,) = records(str(tmp_path / "eval"), "eval")
     assert evaluation["val_dice"] == pytest.approx(records(runs["compiled"], "epoch")[-1]["val_dice"], abs=1e-9)
 
