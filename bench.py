@@ -770,7 +770,7 @@ def meta(args):
                       warmup=args.warmup, iters=args.iters, max_seconds=args.max_seconds,
                       hw_decoder_load=args.hw_decoder_load, prefetch_queue_depth=args.prefetch_queue_depth,
                       models=args.models, quick=args.quick,
-                      # CPU-only pipelines run independent operators at once only with it (pipelines._executor_args)
+                      # CPU-only pipelines run independent operators at once only with it (pipelines.cpu_concurrency)
                       dali_new_thread_pool=os.environ.get("DALI_USE_NEW_THREAD_POOL") == "1"),
     )
 

@@ -1,9 +1,9 @@
 """DALI input pipelines for PyTorch image training: classification and segmentation.
 
-One class per task and split, written with DALI's ops API: operators are built in
-``__init__``, ``define_graph`` wires them in the order the data flows. Every pipeline runs
-on a GPU (``device_id=0``: mixed JPEG decode, GPU resize/augment) and on a machine with no
-GPU at all (``device_id=None``: every operator on the CPU, no CUDA call anywhere).
+One class per task and split, written with DALI's ops API: operators are built in ``__init__``,
+``define_graph`` wires them in the order the data flows. Every pipeline runs on a GPU
+(``device_id=0``: mixed JPEG decode, GPU resize and augmentations) and on a machine with no GPU
+at all (``device_id=None``: every operator on the CPU, no CUDA call anywhere).
 
     from pipelines import ClassifyTrainPipeline, classify_iterator
     pipe = ClassifyTrainPipeline(batch_size=256, num_threads=8, device_id=0, data_dir="imagenet/train")
@@ -15,6 +15,7 @@ GPU at all (``device_id=None``: every operator on the CPU, no CUDA call anywhere
     for batch in segment_iterator(pipe):
         images, masks = batch[0]["image"], batch[0]["mask"].long()
 
+The pipelines come first; below the banner sits the machinery that reads and checks the data.
 Bad input (missing folders, unpaired or mis-shaped files) raises ``DataError`` naming the
 offending path before DALI builds anything.
 """
@@ -44,19 +45,17 @@ from PIL import Image
 # ImageNet statistics on the 0..255 scale that DALI's decoders produce.
 IMAGENET_MEAN = (0.485 * 255, 0.456 * 255, 0.406 * 255)
 IMAGENET_STD = (0.229 * 255, 0.224 * 255, 0.225 * 255)
-
-# The extensions torchvision's ImageFolder accepts (case-insensitive), so both loaders see the
-# same files.
-IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
-
-# Share of JPEG decoding sent to the GPU's hardware JPEG decoder; the rest is decoded by CPU threads
-# and CUDA cores. Measured on the H200 with 16 DALI threads (see README): 1.0 delivered the most and
-# leaves the CPU cores to the training loop.
+# Share of JPEG decoding sent to the GPU's hardware decoder (the rest goes to CUDA cores and CPU threads):
+# 1.0 delivered the most on an H200 and leaves the CPU to the training loop (results/README.md).
 DEFAULT_HW_DECODER_LOAD = 1.0
-# Scratch memory the mixed decoder allocates up front so it never reallocates mid-epoch; the
-# values of DALI's ResNet-50 example (enough for ImageNet's largest images).
+# Scratch memory the mixed decoder allocates up front so that it never reallocates mid-epoch; the values
+# of DALI's ResNet-50 example (enough for ImageNet's largest images).
 DEVICE_MEMORY_PADDING = 211025920
 HOST_MEMORY_PADDING = 140544512
+# Samples a shuffling TFRecord/WebDataset reader holds and picks from at random: those readers read shards
+# front to back, so beyond this window an epoch's order comes from the shard order (reshuffled every epoch)
+# and the order make_shards.py wrote. 4096 ImageNet JPEGs are ~450 MB of host memory per pipeline.
+SHUFFLE_BUFFER = 4096
 # Batches each .npy reader reads ahead in its own thread (DALI's default is 1): evens out file access.
 READER_PREFETCH = 3
 
@@ -65,53 +64,446 @@ class DataError(ValueError):
     """Input data that cannot be read as asked; the message names the offending path."""
 
 
-def _dtype(name):
-    try:
-        return {"float32": types.FLOAT, "float16": types.FLOAT16}[name]
-    except KeyError:
-        raise ValueError(f"dtype must be 'float32' or 'float16', got {name!r}") from None
+# ------------------------------------------------------------------------------------------
+# classification
+# ------------------------------------------------------------------------------------------
 
 
-def _output_layout(name):
-    if name not in ("CHW", "HWC"):
-        raise ValueError(f"output_layout must be 'CHW' or 'HWC', got {name!r}")
-    return name
+class _ClassifyPipeline(Pipeline):
+    """What the two classification pipelines share: the reader (``ClassifyReader``: an ImageFolder tree, a DALI
+    file_list, TFRecord files or WebDataset tars), where the decoder and the other operators run, and the final
+    normalization with ImageNet mean/std.
+
+    Attributes for the trainer: ``layout`` ("folder" for a tree or a file_list, "tfrecord", "wds"), ``classes``
+    (class names in index order, or None when unknown), ``num_classes`` (or None), ``num_samples`` (the whole
+    split, all shards), ``files`` (image files or shards, for ``find_undecodable``), ``output_layout``.
+    """
+
+    def __init__(self, batch_size, num_threads, device_id, data_dir, *, shuffle, crop_size, dtype="float32",
+                 output_layout="CHW", file_list=None, shard_id=0, num_shards=1, seed=None, label_offset=0,
+                 num_classes=None, classes=None, hw_decoder_load=DEFAULT_HW_DECODER_LOAD,
+                 device_memory_padding=DEVICE_MEMORY_PADDING, host_memory_padding=HOST_MEMORY_PADDING,
+                 prefetch_queue_depth=2, **pipeline_kwargs):
+        super().__init__(batch_size, num_threads, device_id, seed=seed, prefetch_queue_depth=prefetch_queue_depth,
+                         **cpu_concurrency(device_id, pipeline_kwargs))
+        self.decoder_device, self.device = ("cpu", "cpu") if device_id is None else ("mixed", "gpu")
+        self.decoder_args = {} if device_id is None else dict(
+            hw_decoder_load=hw_decoder_load, device_memory_padding=device_memory_padding,
+            host_memory_padding=host_memory_padding)
+        self.read = ClassifyReader(data_dir, file_list, classes=classes, num_classes=num_classes,
+                                   label_offset=label_offset, shard_id=shard_id, num_shards=num_shards, shuffle=shuffle)
+        self.layout, self.files, self.classes = self.read.layout, self.read.files, self.read.classes
+        self.num_classes, self.num_samples = self.read.num_classes, self.read.num_samples
+        self.output_layout = choice("output_layout", output_layout, {"CHW": "CHW", "HWC": "HWC"})
+        self.normalize = ops.CropMirrorNormalize(
+            device=self.device, dtype=choice("dtype", dtype, {"float32": types.FLOAT, "float16": types.FLOAT16}),
+            output_layout=output_layout, crop=(crop_size, crop_size), mean=list(IMAGENET_MEAN), std=list(IMAGENET_STD))
 
 
-def _devices(device_id):
-    """(decoder device, operator device) for a pipeline on ``device_id`` (None = CPU only)."""
-    return ("cpu", "cpu") if device_id is None else ("mixed", "gpu")
+class ClassifyTrainPipeline(_ClassifyPipeline):
+    """ImageNet-style training input: random-resized crop fused with the decode, flip, normalize, and optionally
+    random erasing. The crop's resize is DALI's on the GPU and torch's on the CPU (``resize_with_torch``).
+
+    Outputs ``(images, labels)``: images (B, 3, crop_size, crop_size) float32 or float16, normalized with
+    ImageNet mean/std, or (B, crop_size, crop_size, 3) with ``output_layout="HWC"`` (``images.permute(0, 3, 1,
+    2)`` is then a channels_last tensor, no copy); labels (B, 1) int32. ``data_dir`` is an ImageFolder tree or
+    a folder of TFRecord files or WebDataset tars (``find_layout``). Keyword-only: ``crop_size``, ``shard_id``,
+    ``num_shards``, ``seed``, ``file_list``, ``dtype``, ``output_layout``, ``random_area``,
+    ``random_aspect_ratio``, ``random_erase``, ``label_offset`` (subtracted from stored labels: 1 for
+    TensorFlow's ImageNet TFRecords, which store 1..1000), ``num_classes``, ``classes`` (the training class
+    names, which number a folder's labels), ``hw_decoder_load``, the decoder's memory paddings,
+    ``prefetch_queue_depth``; the rest goes to DALI's ``Pipeline`` (``enable_checkpointing``, ``checkpoint``,
+    ``exec_dynamic``, ...).
+    """
+
+    last_batch_policy = LastBatchPolicy.FILL  # see classify_iterator
+
+    def __init__(self, batch_size, num_threads, device_id, data_dir=None, *, crop_size=224, dtype="float32",
+                 random_area=(0.08, 1.0), random_aspect_ratio=(3 / 4, 4 / 3), random_erase=0.0, **kwargs):
+        # DALI's GPU Erase has no float16 kernel: erase the float32 image, then cast it.
+        cast_after_erase = random_erase and dtype == "float16"
+        super().__init__(batch_size, num_threads, device_id, data_dir, shuffle=True, crop_size=crop_size,
+                         dtype="float32" if cast_after_erase else dtype, **kwargs)
+        # Decoding only the random crop's window saves work on large images.
+        self.decode = ops.decoders.ImageRandomCrop(
+            device=self.decoder_device, output_type=types.RGB, random_area=list(random_area),
+            random_aspect_ratio=list(random_aspect_ratio), num_attempts=100, **self.decoder_args)
+        if device_id is None:  # torch's resize: the same filter, several times faster than DALI 2.4's on the CPU
+            self.resize = ops.PythonFunction(
+                function=functools.partial(resize_with_torch, torch_threads(num_threads), num_threads,
+                                           (crop_size, crop_size), True),
+                num_outputs=1, batch_processing=True, output_layouts="CHW")
+        else:
+            self.resize = ops.Resize(device=self.device, resize_x=crop_size, resize_y=crop_size,
+                                     interp_type=types.INTERP_TRIANGULAR, antialias=True)
+        self.flip = ops.random.CoinFlip(probability=0.5)
+        self.erase = self.erase_random_box if random_erase else unchanged
+        if random_erase:
+            # torchvision's RandomErasing(p, scale=(0.02, 0.33), ratio=(0.3, 3.3), value=0), applied as its
+            # classification reference does: after normalization, so 0 is the mean colour.
+            self.erase_coin = ops.random.CoinFlip(probability=random_erase)
+            self.erase_area = ops.random.Uniform(range=[0.02, 0.33])
+            self.erase_log_ratio = ops.random.Uniform(range=[math.log(0.3), math.log(3.3)])
+            self.erase_where = ops.random.Uniform(range=[0.0, 1.0], shape=[2])
+            self.erase_op = ops.Erase(device=self.device, axis_names="HW", normalized=True, fill_value=0.0)
+            self.to_float16 = ops.Cast(device=self.device, dtype=types.FLOAT16) if cast_after_erase else unchanged
+
+    def define_graph(self):
+        jpegs, labels = self.read()
+        images = self.decode(jpegs)
+        images = self.resize(images)
+        images = self.normalize(images, mirror=self.flip())
+        images = self.erase(images)
+        return images, labels
+
+    def erase_random_box(self, images):
+        # (height, width) as fractions of the square crop: sqrt(area * ratio), sqrt(area / ratio). torchvision
+        # redraws a box that does not fit (up to 10 times); here it is clipped to the crop, which changes only the
+        # rare largest, most elongated boxes. A sample whose coin came up 0 gets a box of size 0: nothing erased.
+        ratio = dmath.exp(self.erase_log_ratio() * types.Constant(np.array([1.0, -1.0], np.float32)))
+        size = dmath.min(dmath.sqrt(self.erase_area() * ratio), 1.0) * self.erase_coin()
+        return self.to_float16(self.erase_op(images, anchor=self.erase_where() * (1.0 - size), shape=size))
 
 
-def _executor_args(device_id, pipeline_kwargs):
-    """``Pipeline`` keyword arguments: a CPU-only pipeline lets independent operators run at once, and with them
-    successive iterations. DALI 2.4 does so only in a process started with ``DALI_USE_NEW_THREAD_POOL=1`` (its new
-    thread pool, which prints a notice); without it CPU operators run one at a time, as by default. On 16 cores
-    that took the CPU-only segmentation loader from 1,022 to 1,455 img/s (README; measured with DALI's resize)."""
+class ClassifyValPipeline(_ClassifyPipeline):
+    """Validation input: decode, resize the shorter side to ``resize_size``, center crop ``crop_size``, normalize.
+
+    Same outputs and data arguments as ``ClassifyTrainPipeline``; samples are read in order, not shuffled. Pass
+    the training pipeline's ``classes`` so that validation labels use train's indices.
+    """
+
+    last_batch_policy = LastBatchPolicy.PARTIAL  # see classify_iterator
+
+    def __init__(self, batch_size, num_threads, device_id, data_dir=None, *, crop_size=224, resize_size=256,
+                 **kwargs):
+        super().__init__(batch_size, num_threads, device_id, data_dir, shuffle=False, crop_size=crop_size, **kwargs)
+        self.decode = ops.decoders.Image(device=self.decoder_device, output_type=types.RGB, **self.decoder_args)
+        self.resize = ops.Resize(device=self.device, resize_shorter=resize_size,
+                                 interp_type=types.INTERP_TRIANGULAR, antialias=True)
+
+    def define_graph(self):
+        jpegs, labels = self.read()
+        images = self.decode(jpegs)
+        images = self.resize(images)
+        images = self.normalize(images)
+        return images, labels
+
+
+def classify_iterator(pipe):
+    """One pass over the pipeline's shard per epoch: ``batch[0]["data"]``, ``batch[0]["label"]``.
+
+    Training batches are always full: the reader pads its shard with repeats of the shard's last sample, so
+    every rank runs the same number of full batches, never one of a single sample (BatchNorm needs more), and
+    trains on a few real samples twice. Validation batches drop the padding: every sample is seen exactly once.
+    """
+    return DALIClassificationIterator(pipe, reader_name="Reader", last_batch_policy=pipe.last_batch_policy,
+                                      auto_reset=True)
+
+
+# ------------------------------------------------------------------------------------------
+# segmentation
+# ------------------------------------------------------------------------------------------
+
+
+class SegmentValPipeline(Pipeline):
+    """Image and mask ``.npy`` files, ``imgs[i]`` paired with ``lbls[i]``, read in lock-step and resized to
+    ``size`` (height, width), the image normalized.
+
+    Outputs ``(image, mask)``, both CHW. Image (B, C, H, W) float32, C = ``self.channels`` (1 or 3, as stored).
+    Mask (B, 1, H, W): uint8 for uint8 or bool masks, int32 for any other integer type. Images are resized
+    linearly, masks by nearest neighbour, so a mask keeps exactly its class values.
+
+    Normalization: 8-bit RGB images with ImageNet mean/std; every other kind (greyscale, uint16, float32) per
+    image, each channel by the image's own mean and standard deviation (a constant channel becomes 0); or, for
+    any kind, by ``mean`` and ``std`` when given (1 or C values each, on the image's own scale). Further keyword
+    arguments go to DALI's ``Pipeline`` (``enable_checkpointing``, ``checkpoint``, ...).
+    """
+
+    shuffle = False
+    last_batch_policy = LastBatchPolicy.PARTIAL  # see segment_iterator
+
+    def __init__(self, batch_size, num_threads, device_id, imgs, lbls, *, size=(384, 384), shard_id=0,
+                 num_shards=1, seed=42, mean=None, std=None, prefetch_queue_depth=2, **pipeline_kwargs):
+        super().__init__(batch_size, num_threads, device_id, seed=seed, prefetch_queue_depth=prefetch_queue_depth,
+                         **cpu_concurrency(device_id, pipeline_kwargs))
+        (image_shape, image_dtype), (mask_shape, mask_dtype) = check_segmentation_files(imgs, lbls)
+        self.channels = image_shape[2] if len(image_shape) == 3 else 1
+        if (mean is None) != (std is None):
+            raise ValueError(f"give both mean and std, or neither (got mean={mean}, std={std})")
+        if mean is None and self.channels == 3 and image_dtype == np.uint8:
+            mean, std = IMAGENET_MEAN, IMAGENET_STD
+        self.on_gpu = device_id is not None
+        device = "gpu" if self.on_gpu else "cpu"
+        # One seed, shuffle and sharding for both readers keeps them in lock-step. Memory-mapped reads with
+        # cached headers: plain reads (dont_use_mmap) were 7x slower, and the reader was the ceiling.
+        reader_args = dict(shard_id=shard_id, num_shards=num_shards, random_shuffle=self.shuffle, seed=seed,
+                           pad_last_batch=True, cache_header_information=True, prefetch_queue_depth=READER_PREFETCH)
+        self.read_image = ops.readers.Numpy(files=list(imgs), name="ReaderX", **reader_args)
+        self.read_mask = ops.readers.Numpy(files=list(lbls), name="ReaderY", **reader_args)
+        # (H, W) files get a channel axis of 1, so every kind of set runs through one graph.
+        self.image_hwc = ops.Reshape(device=device, src_dims=[0, 1, -1] if len(image_shape) == 2 else [0, 1, 2],
+                                     layout="HWC")
+        self.mask_hwc = ops.Reshape(device=device, src_dims=[0, 1, -1] if len(mask_shape) == 2 else [0, 1, 2],
+                                    layout="HWC")
+        self.mask_chw = ops.Reshape(device=device, src_dims=[2, 0, 1], layout="CHW")  # (H, W, 1): moves no data
+        # DALI's Resize reads uint8, int16, uint16 and float32: other masks (np.argmax gives int64) are resized as
+        # float32, exact for class values below 2**24, and handed out as int32. A cast to the type a mask already
+        # has would only copy it, so uint8 masks skip both.
+        resized, handed_out = ((types.UINT8, types.UINT8) if mask_dtype in (np.uint8, np.bool_)
+                               else (types.FLOAT, types.INT32))
+        self.mask_to_resize = ops.Cast(device=device, dtype=resized) if mask_dtype != np.uint8 else unchanged
+        self.mask_to_output = ops.Cast(device=device, dtype=handed_out) if handed_out != resized else unchanged
+        # The training pipeline flips by reading the region of interest backwards (flip_by_roi).
+        self.resize_mask = functools.partial(flip_by_roi, ops.Resize(
+            device=device, size=list(size), interp_type=types.INTERP_NN, antialias=False, roi_relative=True))
+        # One pool for a CPU-only pipeline's torch code (this resize, the training noise); threads start on use.
+        self.torch_threads = None if self.on_gpu else torch_threads(num_threads)
+        if not self.on_gpu and image_dtype == np.uint8:  # torch's resize: faster than DALI 2.4's CPU one, 8-bit only
+            torch_resize = ops.PythonFunction(
+                function=functools.partial(resize_with_torch, self.torch_threads, num_threads, tuple(size), False),
+                num_outputs=1, batch_processing=True, output_layouts="CHW")
+            self.resize_image = lambda image, flips=None: torch_resize(image, *([] if flips is None else [flips]))
+            self.to_chw = unchanged  # torch hands out CHW
+        else:
+            self.resize_image = functools.partial(flip_by_roi, ops.Resize(
+                device=device, size=list(size), interp_type=types.INTERP_LINEAR, antialias=False, roi_relative=True))
+            self.to_chw = ops.Transpose(device=device, perm=[2, 0, 1], output_layout="CHW")
+        if mean is None:
+            self.channel_min = ops.reductions.Min(device=device, axes=[1, 2], keep_dims=True)
+            self.standardize = ops.Normalize(device=device, axes=[1, 2], dtype=types.FLOAT)
+            self.normalize = self.normalize_each_image
+        else:
+            mean, std = np.atleast_1d(mean).astype(float).tolist(), np.atleast_1d(std).astype(float).tolist()
+            if {len(mean), len(std)} - {1, self.channels}:
+                raise ValueError(f"mean and std need 1 or {self.channels} values each (the images have "
+                                 f"{self.channels} channels), got mean={mean}, std={std}")
+            self.normalize = ops.CropMirrorNormalize(device=device, dtype=types.FLOAT, output_layout="CHW",
+                                                     mean=mean, std=std)
+
+    def define_graph(self):
+        image, mask = self.read()
+        image, mask = self.resize_image(image), self.resize_mask(mask)
+        image = self.normalize(image)
+        return image, self.output_mask(mask)
+
+    def read(self):
+        """Each pair's image (H, W, C) and mask (H, W, 1), on the pipeline's device."""
+        image, mask = self.read_image(), self.read_mask()
+        if self.on_gpu:
+            image, mask = image.gpu(), mask.gpu()
+        return self.image_hwc(image), self.mask_to_resize(self.mask_hwc(mask))
+
+    def normalize_each_image(self, image):
+        # Each channel is shifted to start at 0 first: that changes nothing after standardizing, but makes a
+        # constant channel exactly 0 (its float32 mean is a hair off, and the hair over a tiny std gave -1 or 1).
+        image = self.to_chw(image)
+        return self.standardize(image - self.channel_min(image))
+
+    def output_mask(self, mask):
+        return self.mask_to_output(self.mask_chw(mask))
+
+
+class SegmentTrainPipeline(SegmentValPipeline):
+    """``SegmentValPipeline`` plus augmentations, on the device of the pipeline.
+
+    Flips (vertical, horizontal; ``flip_p`` each) are drawn per sample and applied to image and mask alike. On
+    the normalized image only, each drawn per sample with its own probability: Gaussian noise, Gaussian blur,
+    brightness scaling, and contrast scaling clamped to the image's own min/max.
+    """
+
+    shuffle = True
+    # Full batches only, the same number on every shard: the readers' pad_last_batch fills a shard's last batch
+    # by repeating its own samples, so no step sees made-up data (see segment_iterator).
+    last_batch_policy = LastBatchPolicy.FILL
+
+    def __init__(self, batch_size, num_threads, device_id, imgs, lbls, *, flip_p=0.5, noise_p=0.15,
+                 noise_std=(0.0, 0.33), blur_p=0.15, blur_sigma=(0.5, 1.5), brightness_p=0.15, brightness=(0.7, 1.3),
+                 contrast_p=0.13, contrast=(0.9, 1.1), **kwargs):
+        super().__init__(batch_size, num_threads, device_id, imgs, lbls, **kwargs)
+        device = "gpu" if self.on_gpu else "cpu"
+        self.flip_coins = ops.random.CoinFlip(probability=flip_p, shape=[2])  # (vertical, horizontal)
+        self.as_float = ops.Cast(dtype=types.FLOAT)
+        self.noise_coin = ops.random.CoinFlip(probability=noise_p, dtype=types.BOOL)
+        self.noise_draws = [ops.random.Uniform(range=list(noise_std))]  # the stddev
+        if self.on_gpu:
+            gaussian = ops.noise.Gaussian(device=device)
+            self.add_noise = lambda image, stddev: gaussian(image, stddev=stddev)
+        else:
+            # DALI's CPU normal generator was ten times slower than torch's. Torch's generators are seeded from a
+            # DALI draw (below 2**47, see add_gaussian_noise), so the seed and checkpoints still decide the noise.
+            self.noise_draws.append(ops.random.Uniform(range=[0.0, 2.0 ** 47], dtype=types.FLOAT64))
+            self.add_noise = ops.PythonFunction(function=functools.partial(add_gaussian_noise, self.torch_threads),
+                                                num_outputs=1, batch_processing=True, output_layouts="CHW")
+        self.blur_coin = ops.random.CoinFlip(probability=blur_p, dtype=types.BOOL)
+        self.blur_sigma = ops.random.Uniform(range=list(blur_sigma))
+        gaussian_blur = ops.GaussianBlur(device=device)
+        self.blur = lambda image, sigma: gaussian_blur(image, sigma=sigma)
+        self.brightness_coin = ops.random.CoinFlip(probability=brightness_p, dtype=types.BOOL)
+        self.brightness = ops.random.Uniform(range=list(brightness))
+        self.contrast_coin = ops.random.CoinFlip(probability=contrast_p, dtype=types.BOOL)
+        self.contrast = ops.random.Uniform(range=list(contrast))
+        self.min = ops.reductions.Min(device=device)
+        self.max = ops.reductions.Max(device=device)
+        # The ops API has no per-sample `if`; these are the operators that DALI's conditionals run for one. DALI
+        # keeps them in ops._conditional, so requirements.txt pins DALI's version exactly.
+        self.split = ops._conditional.Split(device=device)
+        self.split_draw = ops._conditional.Split(device="cpu")
+        self.merge = ops._conditional.Merge(device=device)
+
+    def define_graph(self):
+        image, mask = self.read()
+        flips = self.as_float(self.flip_coins())  # one draw per sample for image and mask alike
+        image, mask = self.resize_image(image, flips), self.resize_mask(mask, flips)
+        image = self.normalize(image)
+        image = self.where_drawn(self.noise_coin, self.add_noise, image, *self.noise_draws)
+        image = self.where_drawn(self.blur_coin, self.blur, image, self.blur_sigma)
+        image = self.where_drawn(self.brightness_coin, lambda x, factor: x * factor, image, self.brightness)
+        image = self.where_drawn(self.contrast_coin, self.scale_contrast, image, self.contrast)
+        return image, self.output_mask(mask)
+
+    def where_drawn(self, coin, augment, image, *draws):
+        """``augment(image, *values)`` on the samples whose ``coin`` came up, the others as they were; ``draws`` are
+        random operators, one value per sample. Only the samples that drew an augmentation pay for it: computing
+        it for every sample and keeping it by the coin made the CPU pipeline 4x slower than a DataLoader."""
+        predicate = coin()
+        drawn, kept = self.split(image, predicate=predicate)
+        values = [self.split_draw(draw(), predicate=predicate)[0] for draw in draws]
+        return self.merge(augment(drawn, *values), kept, predicate=predicate)
+
+    def scale_contrast(self, image, factor):
+        # a min of a max: dmath.clamp took twice as long on the CPU
+        return dmath.min(dmath.max(image * factor, self.min(image)), self.max(image))
+
+
+def segment_iterator(pipe):
+    """Batches of a segmentation pipeline as PyTorch tensors: ``batch[0]["image"]``, ``batch[0]["mask"]``.
+
+    A validation pipeline yields every sample of its shard exactly once per epoch (the last batch partial). A
+    training pipeline yields full batches only, the same number on every shard, the last one filled with repeats
+    of the shard's own samples: under DDP every rank takes the same number of steps, on real data.
+    """
+    return DALIGenericIterator(pipe, ["image", "mask"], reader_name="ReaderX",
+                               last_batch_policy=pipe.last_batch_policy, auto_reset=True)
+
+
+SEGMENT_PIPELINES = {"train": SegmentTrainPipeline, "eval": SegmentValPipeline, "test": SegmentValPipeline}
+PIPELINE_KEYS = ("device_id", "num_threads", "shard_id", "num_shards", "seed", "size", "mean", "std",
+                 "prefetch_queue_depth", "enable_checkpointing", "checkpoint")
+AUGMENTATION_KEYS = ("flip_p", "noise_p", "noise_std", "blur_p", "blur_sigma", "brightness_p", "brightness",
+                     "contrast_p", "contrast")
+# The nail-segmentation write-up's settings that stand for one of ours: DALI threads, number of shards.
+WRITEUP_KEYS = ("num_workers", "gpus")
+# Its settings this loader has no use for (3D volumes, patch sampling, benchmark mode, GPU staging): accepted
+# so that its client code runs unchanged, and ignored.
+IGNORED_KEYS = ("dim", "overlap", "benchmark", "oversampling", "test_batches", "train_batches", "load_to_gpu")
+
+
+def fetch_dali_loader(imgs, lbls, batch_size, mode, **kwargs):
+    """The segmentation pipeline for ``mode``: ``SegmentTrainPipeline`` for "train", ``SegmentValPipeline`` for
+    "eval" or "test", over ``.npy`` files paired by position (``imgs[i]`` with ``lbls[i]``).
+
+    Returns the pipeline, as the nail-segmentation write-up's loader does: wrap it with ``segment_iterator(pipe)``,
+    or with the write-up's ``DALIGenericIterator`` subclass (``reader_name="ReaderX"``; it keeps DALI's default
+    policy, FILL, so its validation epochs end with a batch padded by repeats, where ``segment_iterator`` counts
+    every validation sample once). ``pipe.channels`` is the number of image channels a model must take.
+
+    Takes the write-up's settings dict as it stands: ``num_workers`` (DALI threads), ``gpus`` (shards when not
+    under torchrun), ``seed``; ``dim``, ``overlap``, ``benchmark``, ``oversampling``, ``test_batches``,
+    ``train_batches`` and ``load_to_gpu`` are ignored. Unless given as ``device_id``, ``shard_id`` and
+    ``num_shards``, the device and shard come from the environment, as in the write-up: GPU ``LOCAL_RANK`` (0 if
+    unset) when PyTorch sees a GPU, else the CPU only (``device_id=None``); shard ``RANK`` of ``WORLD_SIZE`` under
+    torchrun, else shard ``LOCAL_RANK`` of ``gpus``. Our own settings: ``num_threads`` (wins over
+    ``num_workers``; default 4), ``seed``, ``size``, ``mean``, ``std``, ``prefetch_queue_depth``,
+    ``enable_checkpointing``, ``checkpoint``, and ``SegmentTrainPipeline``'s augmentation settings (used by
+    "train", ignored by "eval" and "test"). Any other key raises ``ValueError`` listing the accepted ones.
+    """
+    if mode not in SEGMENT_PIPELINES:
+        raise ValueError(f"mode must be one of {', '.join(SEGMENT_PIPELINES)}, got {mode!r}")
+    unknown = [key for key in kwargs if key not in PIPELINE_KEYS + AUGMENTATION_KEYS + WRITEUP_KEYS + IGNORED_KEYS]
+    if unknown:
+        raise ValueError(f"fetch_dali_loader got unknown keyword argument(s) {', '.join(unknown)}; it accepts "
+                         f"{', '.join(PIPELINE_KEYS + AUGMENTATION_KEYS + WRITEUP_KEYS)}, and ignores "
+                         f"{', '.join(IGNORED_KEYS)}")
+    pipeline = SEGMENT_PIPELINES[mode]
+    used = PIPELINE_KEYS + (AUGMENTATION_KEYS if pipeline is SegmentTrainPipeline else ())
+    settings = {key: value for key, value in kwargs.items() if key in used}
+    settings.setdefault("num_threads", kwargs.get("num_workers", 4))
+    settings.setdefault("num_shards", env_int("WORLD_SIZE", kwargs.get("gpus", 1)))
+    settings.setdefault("shard_id", env_int("RANK", env_int("LOCAL_RANK", 0)))
+    settings.setdefault("device_id", env_int("LOCAL_RANK", 0) if torch.cuda.is_available() else None)
+    if not 0 <= settings["shard_id"] < settings["num_shards"]:
+        raise ValueError(f"shard_id {settings['shard_id']} is out of range for num_shards {settings['num_shards']} "
+                         f"(from the arguments, else RANK or LOCAL_RANK, and WORLD_SIZE or gpus)")
+    return pipeline(batch_size, settings.pop("num_threads"), settings.pop("device_id"), imgs, lbls, **settings)
+
+
+# ==========================================================================================
+# Machinery: reading and checking the data. Nothing below needs editing to change a pipeline.
+# ==========================================================================================
+
+# The extensions torchvision's ImageFolder accepts (case-insensitive), so that both loaders see the same files.
+IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
+# TensorFlow's shard names (train-00000-of-01024) have no extension; other writers use .tfrecord.
+TFRECORD_NAME = re.compile(r"[^.].*-\d{5}-of-\d{5}|[^.].*\.tfrecords?")
+TFRECORD_FEATURES = {"image/encoded": tfrecord.FixedLenFeature((), tfrecord.string, ""),
+                     "image/class/label": tfrecord.FixedLenFeature([1], tfrecord.int64, -1)}
+# A WebDataset sample is <key>.<image extension> + <key>.cls; the same image types as ImageFolder.
+WDS_IMAGE_EXTENSIONS = tuple(e[1:] for e in IMG_EXTENSIONS)
+# Longest .cls label in decimal digits: any class index that fits an int32.
+LABEL_DIGITS = 9
+# Where the index of a shard in a read-only folder goes, keyed by the shard's absolute path.
+INDEX_CACHE = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "dali-indexes")
+# Elements of noise one task generates: DALI's own CPU random operators split a large sample the same way.
+NOISE_CHUNK = 1 << 16
+
+
+def unchanged(data):
+    """The identity: stands in for an operator a pipeline does not need (a cast to the type data already has)."""
+    return data
+
+
+def choice(name, value, allowed):
+    """``allowed[value]``, or a ValueError naming ``name`` and the allowed values."""
+    if value not in allowed:
+        raise ValueError(f"{name} must be {' or '.join(map(repr, allowed))}, got {value!r}")
+    return allowed[value]
+
+
+def env_int(name, default):
+    return int(os.environ[name]) if os.environ.get(name) else default
+
+
+def cpu_concurrency(device_id, pipeline_kwargs):
+    """``Pipeline`` keyword arguments: a CPU-only pipeline lets independent operators, and with them successive
+    iterations, run at once. DALI 2.4 does so only in a process started with ``DALI_USE_NEW_THREAD_POOL=1`` (its
+    new thread pool); without it CPU operators run one at a time, as by default."""
     return {"concurrency": OperatorConcurrency.FULL, **pipeline_kwargs} if device_id is None else pipeline_kwargs
 
 
-def _torch_pool(num_threads):
-    """The threads on which a CPU-only pipeline's torch code runs: ``num_threads`` of them, like DALI's own. (A
-    ``PythonFunction`` calls its function on one thread; torch's CPU kernels let go of the GIL while they run.) At
-    least one, so that a ``num_threads`` below 1 reaches DALI's build and its own message."""
+def torch_threads(num_threads):
+    """The threads on which a CPU-only pipeline's torch code runs: as many as DALI's own (a ``PythonFunction``
+    calls its function on one thread; torch's kernels let go of the GIL). At least one, so that a
+    ``num_threads`` below 1 reaches DALI's build and its own message."""
     return ThreadPoolExecutor(max(1, num_threads or 1), thread_name_prefix="torch")
 
 
-def resize_with_torch(pool, size, antialias, images, flips=None):
-    """DALI's CPU ``Resize``, computed by torch on ``pool``'s threads: ``images`` (HWC uint8 NumPy arrays of any size)
-    resized to ``size`` (height, width), each flipped where its ``flips`` (vertical, horizontal) is 1; CHW uint8
-    arrays, torch's own layout (a copy back to HWC cost more than it saved).
+def flip_by_roi(resize, data, flips=None):
+    """DALI's ``resize`` of ``data``, flipped where ``flips`` (vertical, horizontal) is 1: the region of interest
+    read backwards, from 1 to 0 along the flipped axes, costs no pass of its own."""
+    return resize(data) if flips is None else resize(data, roi_start=flips, roi_end=1 - flips)
+
+
+def resize_with_torch(pool, threads, size, antialias, images, flips=None):
+    """DALI's CPU ``Resize``, computed by torch on the ``threads`` threads of ``pool``: ``images`` (HWC uint8 NumPy
+    arrays of any size) resized to ``size`` (height, width), each flipped where its ``flips`` (vertical,
+    horizontal) is 1; CHW uint8 arrays, torch's own layout (a copy back to HWC cost more than it saved).
 
     Torch's bilinear resize samples pixel centres as DALI's linear one does and, with ``antialias``, widens its
     triangle to the scale when shrinking, as DALI's ``INTERP_TRIANGULAR`` with antialiasing and PIL's bilinear
-    resize do. Its vectorized 8-bit path took a quarter to a sixth of DALI 2.4's time on one thread
-    (results/cpu2-2026-11-29d/resize_micro.log).
-
-    Every torch call lets go of the GIL and takes it back, and on 16 threads the threads spent far longer
-    waiting for it than resizing (results/h200-2026-11-29f): so the NCHW view is NumPy's, the result is read
-    through ``numpy()`` with no further torch call, an unflipped image costs one torch call, and each thread gets
-    a few runs of images instead of a task per image."""
+    resize do. Each torch call hands the GIL back and forth, and many threads waited on it more than they
+    resized: so the NCHW view is NumPy's, the result is read through ``numpy()``, an unflipped image costs one
+    torch call, and each thread gets a few runs of images rather than a task per image.
+    """
     def resize(jobs):
         out = []
         for image, flip in jobs:
@@ -122,30 +514,134 @@ def resize_with_torch(pool, size, antialias, images, flips=None):
         return out
 
     jobs = list(zip(images, flips if flips is not None else [(0, 0)] * len(images)))
-    # two runs per thread evens out images of different sizes; _max_workers is the pool's thread count
-    step = max(1, -(-len(jobs) // (2 * pool._max_workers)))
+    step = max(1, -(-len(jobs) // (2 * threads)))  # two runs per thread even out images of different sizes
     return [a for run in pool.map(resize, [jobs[i:i + step] for i in range(0, len(jobs), step)]) for a in run]
 
 
-# ------------------------------------------------------------------------------------------
-# classification
-# ------------------------------------------------------------------------------------------
+def add_gaussian_noise(pool, images, stddevs, seeds):
+    """``images[i]`` plus noise drawn from N(0, ``stddevs[i]``²) for every element: the CPU pipeline's Gaussian
+    noise, on lists of NumPy arrays. Torch generates it in chunks of ``NOISE_CHUNK`` elements on ``pool``'s
+    threads, each chunk with a generator seeded by ``seeds[i]`` and the chunk's index, so the noise does not
+    depend on which thread ran which chunk."""
+    noisy = [np.empty(image.shape, np.float32) for image in images]
 
-# TensorFlow's shard names (train-00000-of-01024) have no extension; other writers use .tfrecord.
-TFRECORD_NAME = re.compile(r"[^.].*-\d{5}-of-\d{5}|[^.].*\.tfrecords?")
-TFRECORD_FEATURES = {"image/encoded": tfrecord.FixedLenFeature((), tfrecord.string, ""),
-                     "image/class/label": tfrecord.FixedLenFeature([1], tfrecord.int64, -1)}
-# A WebDataset sample is <key>.<image extension> + <key>.cls; the same image types as ImageFolder.
-WDS_IMAGE_EXTENSIONS = tuple(e[1:] for e in IMG_EXTENSIONS)
-# Longest .cls label in decimal digits: any class index that fits an int32.
-LABEL_DIGITS = 9
-# Samples a shuffling TFRecord/WebDataset reader holds and picks from at random. Those readers read
-# shards front to back, so this window is all the shuffling an epoch gets beyond the order the
-# shards were written in (make_shards.py shuffles at write time) and the shard order, which is
-# reshuffled every epoch. 4096 ImageNet JPEGs are ~450 MB of host memory per pipeline.
-SHUFFLE_BUFFER = 4096
-# Where the index of a shard in a read-only folder goes, keyed by the shard's absolute path.
-INDEX_CACHE = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "dali-indexes")
+    def fill(job):
+        out, image, stddev, seed, k = job
+        chunk = slice(k * NOISE_CHUNK, (k + 1) * NOISE_CHUNK)
+        noise = out.reshape(-1)[chunk]
+        generator = torch.Generator().manual_seed(seed * 2 ** 16 + k)
+        torch.from_numpy(noise).normal_(0.0, float(stddev), generator=generator)
+        noise += image.reshape(-1)[chunk]
+
+    jobs = [(out, image, stddev, int(seed), k) for out, image, stddev, seed in zip(noisy, images, stddevs, seeds)
+            for k in range(-(-image.size // NOISE_CHUNK))]
+    for _ in pool.map(fill, jobs):
+        pass
+    return noisy
+
+
+@contextlib.contextmanager
+def atomic_open(path, mode="wb"):
+    """A file that appears under ``path`` only once it is completely written (a temporary name in the same folder,
+    then a rename), so that a killed writer never leaves half a file behind that name."""
+    folder, name = os.path.split(path)
+    tmp = os.path.join(folder, f".{name}.{os.getpid()}.partial")  # what atomic_temp_pattern matches
+    try:
+        with open(tmp, mode) as f:
+            yield f
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def atomic_temp_pattern(name):
+    """A regular expression of ``atomic_open``'s temporary names for the files that the expression ``name``
+    matches: what a killed writer leaves behind."""
+    return rf"\.{name}\.\d+\.partial"
+
+
+# classification data: folders, file lists and shards ------------------------------------------------
+
+
+class ClassifyReader:
+    """The reader of a classification pipeline and its labels: called in ``define_graph``, it gives the encoded
+    images and their labels (int32 of shape (1,), less ``label_offset``).
+
+    ``data_dir`` is an ImageFolder tree (labelled by ``classes`` when given: train's names for a val split), a
+    ``file_list``'s root, or a folder of TFRecord files or WebDataset tars (indexed on first use, see
+    ``shard_index``). Every reader pads its shard's last batch (``pad_last_batch``), so that every shard returns
+    the same number of batches, as DDP needs. Stored labels outside [0, num_classes) raise ``DataError``.
+    """
+
+    def __init__(self, data_dir, file_list, *, classes, num_classes, label_offset, shard_id, num_shards, shuffle):
+        args = dict(shard_id=shard_id, num_shards=num_shards, random_shuffle=shuffle, pad_last_batch=True,
+                    name="Reader")
+        self.label_offset = label_offset
+        self.layout = "folder" if file_list is not None else find_layout(data_dir)
+        if file_list is not None:
+            if not os.path.isfile(file_list):
+                raise DataError(f"{file_list}: no such file (expected lines '<path relative to data_dir> <label>')")
+            with open(file_list) as f:
+                entries = [line.rsplit(maxsplit=1) for line in f if line.strip()]
+            if not all(len(e) == 2 and e[1].lstrip("-").isdigit() for e in entries):
+                raise DataError(f"{file_list}: expected lines '<path relative to data_dir> <label>'")
+            self.files = [os.path.join(data_dir, path) for path, _ in entries]
+            self.classes, self.num_samples = classes, len(entries)
+            self.reader = ops.readers.File(file_root=data_dir, file_list=file_list, **args)
+            labels = [int(label) for _, label in entries]
+            ranges = [(file_list, min(labels), max(labels))] if labels else []
+        elif self.layout == "folder":
+            self.files, labels, self.classes = list_image_folder(data_dir, classes)
+            self.num_samples = len(self.files)
+            self.reader = ops.readers.File(files=self.files, labels=labels, **args)
+            ranges = [(data_dir, min(labels), max(labels))]
+        else:
+            self.files = shard_files(data_dir, self.layout)
+            indexes, summaries = zip(*(shard_index(shard, self.layout) for shard in self.files))
+            self.num_samples = sum(s["samples"] for s in summaries)
+            listed = read_classes_txt(data_dir)
+            if classes is not None and listed is not None and list(classes) != listed:
+                raise DataError(f"{os.path.join(data_dir, 'classes.txt')}: its {len(listed)} classes differ from the "
+                                f"{len(classes)} training classes (names and index order must match)")
+            self.classes = list(classes) if classes is not None else listed
+            if shuffle:
+                # Whole shards in a new order every epoch (the same on every rank: the default
+                # shuffle_after_epoch_seed, not the per-rank seed), samples from a SHUFFLE_BUFFER window.
+                args.update(initial_fill=SHUFFLE_BUFFER, shuffle_after_epoch=True)
+            if self.layout == "tfrecord":
+                self.reader = ops.readers.TFRecord(path=self.files, index_path=list(indexes),
+                                                   features=TFRECORD_FEATURES, **args)
+            else:
+                self.reader = ops.readers.Webdataset(paths=self.files, index_paths=list(indexes),
+                                                     ext=[";".join(WDS_IMAGE_EXTENSIONS), "cls"],
+                                                     missing_component_behavior="error", **args)
+                self.pad_digits = ops.Pad(fill_value=ord("0"), shape=[LABEL_DIGITS])
+                self.to_int64 = ops.Cast(dtype=types.INT64)
+                self.sum = ops.reductions.Sum(keep_dims=True)
+            ranges = [(shard, *s["labels"]) for shard, s in zip(self.files, summaries)]
+        self.num_classes = len(self.classes) if num_classes is None and self.classes is not None else num_classes
+        for where, lowest, highest in ranges:
+            for label in (lowest, highest):
+                if not 0 <= label - label_offset < (self.num_classes or math.inf):
+                    raise DataError(f"{where}: stored label {label} minus label_offset {label_offset} is outside "
+                                    f"[0, {self.num_classes or 'inf'})")
+        self.to_int32 = ops.Cast(dtype=types.INT32)
+
+    def __call__(self):
+        if self.layout == "tfrecord":
+            record = self.reader()
+            images, labels = record["image/encoded"], record["image/class/label"]
+        elif self.layout == "wds":
+            images, text = self.reader()
+            # .cls holds the label in ASCII digits ("103"). Padded on the right with "0" to LABEL_DIGITS digits it
+            # reads as label * 10 ** padding; the division takes that off.
+            digits = self.to_int64(self.pad_digits(text)) - ord("0")
+            place_values = types.Constant(10 ** np.arange(LABEL_DIGITS - 1, -1, -1, dtype=np.int64))
+            labels = self.sum(digits * place_values) // 10 ** (LABEL_DIGITS - text.shape(dtype=types.INT64))
+        else:
+            images, labels = self.reader()
+        return images, self.to_int32(labels - self.label_offset)
 
 
 def find_classes(data_dir):
@@ -161,9 +657,9 @@ def find_classes(data_dir):
 def list_image_folder(data_dir, classes=None):
     """(files, labels, classes) of an ImageFolder tree, in torchvision's order.
 
-    ``classes`` (the training split's class names) numbers the labels by that list instead of by
-    this tree's own folders: a validation split that lacks some classes keeps train's indices, and
-    a folder that is not in the list is an error.
+    ``classes`` (the training split's class names) numbers the labels by that list instead of by this tree's own
+    folders: a validation split that lacks some classes keeps train's indices, and a folder that is not in the
+    list is an error.
     """
     found, class_to_idx = find_classes(data_dir)
     if classes is not None:
@@ -178,10 +674,8 @@ def list_image_folder(data_dir, classes=None):
         for root, _, names in sorted(os.walk(os.path.join(data_dir, c), followlinks=True)):
             class_files += [os.path.join(root, n) for n in sorted(names) if n.lower().endswith(IMG_EXTENSIONS)]
         if not class_files:
-            raise DataError(
-                f"{os.path.join(data_dir, c)}: no images in this class folder "
-                f"(expected files ending in {', '.join(IMG_EXTENSIONS)})"
-            )
+            raise DataError(f"{os.path.join(data_dir, c)}: no images in this class folder "
+                            f"(expected files ending in {', '.join(IMG_EXTENSIONS)})")
         files += class_files
         labels += [class_to_idx[c]] * len(class_files)
     return files, labels, found if classes is None else list(classes)
@@ -222,134 +716,40 @@ def read_classes_txt(split_dir):
         return [line.rstrip("\r\n") for line in f if line.strip()]
 
 
-@contextlib.contextmanager
-def atomic_open(path, mode="wb"):
-    """A file that appears under ``path`` only once it is completely written (a temporary name in
-    the same folder, then a rename), so a killed writer never leaves half a file behind that name."""
-    folder, name = os.path.split(path)
-    tmp = os.path.join(folder, f".{name}.{os.getpid()}.partial")  # what atomic_temp_pattern matches
-    try:
-        with open(tmp, mode) as f:
-            yield f
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+# Our own indexer rather than DALI's tfrecord2idx / wds2idx: it also reads every label once (the label range
+# check), finds truncated shards, and records what it indexed, so that an index is never trusted for a shard
+# that changed since.
 
 
-def atomic_temp_pattern(name):
-    """A regular expression of ``atomic_open``'s temporary names for the files the expression ``name`` matches:
-    what a killed writer leaves behind."""
-    return rf"\.{name}\.\d+\.partial"
+def shard_index(shard, layout):
+    """(path of DALI's index of ``shard``, {"samples": n, "labels": [lowest, highest] stored label}).
 
-
-def _varint(f):
-    """One protobuf varint read from ``f``."""
-    value = shift = 0
-    while True:
-        byte = f.read(1)
-        if not byte:
-            raise EOFError
-        value |= (byte[0] & 0x7F) << shift
-        if byte[0] < 0x80:
-            return value
-        shift += 7
-
-
-def _example_features(f, end):
-    """{feature name: (offset, length) of its serialized tf.train.Feature} of the tf.train.Example
-    that ``f`` is at and that ends at byte ``end``. Values are skipped, not read: indexing an
-    ImageNet shard reads its names and labels, not its JPEGs."""
-    features = {}
-    if f.tell() < end:  # Example.features: a tag and a length, then the map entries to the end
-        _varint(f)
-        _varint(f)
-    while f.tell() < end:  # Features.feature, a map: entries of key = 1, value = 2
-        _varint(f)
-        entry_end = _varint(f) + f.tell()
-        key = value = None
-        while f.tell() < entry_end:
-            field, length = _varint(f) >> 3, _varint(f)
-            if field == 1:
-                key = f.read(length).decode()
-            else:
-                value = (f.tell(), length)
-                f.seek(length, os.SEEK_CUR)
-        features[key] = value
-    return features
-
-
-def _feature_values(f, where):
-    """The values of the serialized tf.train.Feature at ``where``: bytes (bytes_list) or ints (int64_list)."""
-    f.seek(where[0])
-    feature = io.BytesIO(f.read(where[1]))
-    kind = _varint(feature) >> 3  # 1 bytes_list, 2 float_list, 3 int64_list
-    values_end = _varint(feature) + feature.tell()
-    values = []
-    while feature.tell() < values_end:
-        wire_type = _varint(feature) & 7
-        if wire_type == 0:  # one unpacked int64
-            values.append(_varint(feature))
-        elif kind == 3:  # packed int64s
-            packed = io.BytesIO(feature.read(_varint(feature)))
-            while packed.tell() < len(packed.getbuffer()):
-                values.append(_varint(packed))
-        else:
-            values.append(feature.read(_varint(feature)))
-    # int64 is two's complement in a varint
-    return [v - (1 << 64) if isinstance(v, int) and v >= 1 << 63 else v for v in values]
-
-
-def _tfrecord_records(shard):
-    """(index, offset, length, features as from ``_example_features``, open file) of each record of a TFRecord file."""
-    size = os.path.getsize(shard)
-    with open(shard, "rb") as f:
-        i = 0
-        while f.tell() < size:
-            start = f.tell()
-            header = f.read(12)  # uint64 length, uint32 masked CRC of the length
-            length = struct.unpack("<Q", header[:8])[0] if len(header) == 12 else size
-            end = start + 12 + length + 4  # ... then the serialized Example and its CRC
-            if end > size:
-                raise DataError(f"{shard}: truncated or not a TFRecord file (record {i} at byte {start} runs past "
-                                f"the end of the file); write it again")
-            try:
-                features = _example_features(f, end - 4)
-            except (EOFError, UnicodeDecodeError):
-                raise DataError(f"{shard}: record {i} is not a tf.train.Example") from None
-            yield i, start, end - start, features, f
-            f.seek(end)
-            i += 1
-
-
-def _tar_samples(shard):
-    """(key, {extension: member}, open tar) of each sample of a WebDataset tar, in file order."""
-    size = os.path.getsize(shard)
-    try:
-        with tarfile.open(shard, "r:") as tar:
-            key, parts = None, {}
-            for member in tar:  # reads the headers only
-                name = os.path.basename(member.name)
-                if not member.isfile() or name.startswith("."):
-                    continue
-                if member.offset_data + member.size > size:
-                    raise DataError(f"{shard}: truncated ({member.name} runs past the end of the file); write it again")
-                # WebDataset's key: the path up to the first dot of the file name; the rest is the extension
-                stem, _, ext = name.partition(".")
-                if member.name[:-len(name)] + stem != key:
-                    if parts:
-                        yield key, parts, tar
-                    key, parts = member.name[:-len(name)] + stem, {}
-                parts[ext] = member
-            if parts:
-                yield key, parts, tar
-            # a tar cut between two members reads as a shorter archive; only its missing end marker
-            # (two zero blocks) tells
-            tar.fileobj.seek(tar.offset)
-            if tar.fileobj.read(1024) != bytes(1024):
-                raise DataError(f"{shard}: truncated (no end-of-archive marker after its last member); write it again")
-    except tarfile.TarError as e:
-        raise DataError(f"{shard}: not an uncompressed tar file ({e})") from None
+    The index is built on first use, beside the shard or, when its folder is read-only, under ``INDEX_CACHE``. A
+    summary beside the index records the shard's size and modification time; an index whose shard no longer
+    matches them (rewritten, truncated) is built again, never trusted.
+    """
+    stat = os.stat(shard)
+    source = {"bytes": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+    beside = shard + ".idx"
+    cached = os.path.join(INDEX_CACHE, hashlib.sha1(os.path.abspath(shard).encode()).hexdigest()[:16],
+                          os.path.basename(shard) + ".idx")
+    for index in (beside, cached):
+        try:
+            with open(index + ".json") as f:
+                summary = json.load(f)
+            if summary["shard"] == source and summary["index_bytes"] == os.path.getsize(index):
+                return index, summary
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+    index = beside if os.access(os.path.dirname(os.path.abspath(shard)), os.W_OK) else cached
+    text, labels, samples = _scan_shard(shard, layout)
+    summary = {"shard": source, "index_bytes": len(text.encode()), "samples": samples, "labels": labels}
+    os.makedirs(os.path.dirname(index), exist_ok=True)
+    with atomic_open(index, "w") as f:
+        f.write(text)
+    with atomic_open(index + ".json", "w") as f:  # last: the index counts only once this exists
+        json.dump(summary, f)
+    return index, summary
 
 
 def _scan_shard(shard, layout):
@@ -379,44 +779,103 @@ def _scan_shard(shard, layout):
     return "".join(lines), [min(labels), max(labels)], len(labels)
 
 
-def shard_index(shard, layout):
-    """(path of DALI's index of ``shard``, {"samples": n, "labels": [lowest, highest] stored label}).
-
-    The index is built on first use, beside the shard or, when its folder is read-only, under
-    ``INDEX_CACHE``. A summary beside the index records the shard's size and modification time; an
-    index whose shard no longer matches them (rewritten, truncated) is built again, never trusted.
-    """
-    stat = os.stat(shard)
-    source = {"bytes": stat.st_size, "mtime_ns": stat.st_mtime_ns}
-    beside = shard + ".idx"
-    cached = os.path.join(INDEX_CACHE, hashlib.sha1(os.path.abspath(shard).encode()).hexdigest()[:16],
-                          os.path.basename(shard) + ".idx")
-    for index in (beside, cached):
-        try:
-            with open(index + ".json") as f:
-                summary = json.load(f)
-            if summary["shard"] == source and summary["index_bytes"] == os.path.getsize(index):
-                return index, summary
-        except (OSError, ValueError, KeyError, TypeError):
-            pass
-    index = beside if os.access(os.path.dirname(os.path.abspath(shard)), os.W_OK) else cached
-    text, labels, samples = _scan_shard(shard, layout)
-    summary = {"shard": source, "index_bytes": len(text.encode()), "samples": samples, "labels": labels}
-    os.makedirs(os.path.dirname(index), exist_ok=True)
-    with atomic_open(index, "w") as f:
-        f.write(text)
-    with atomic_open(index + ".json", "w") as f:  # last: the index counts only once this exists
-        json.dump(summary, f)
-    return index, summary
+def _varint(f):
+    """One protobuf varint read from ``f``."""
+    value = shift = 0
+    while True:
+        byte = f.read(1)
+        if not byte:
+            raise EOFError
+        value |= (byte[0] & 0x7F) << shift
+        if byte[0] < 0x80:
+            return value
+        shift += 7
 
 
-def _check_labels(ranges, label_offset, num_classes):
-    """Stop on a stored label that is outside [0, num_classes) once ``label_offset`` is taken off."""
-    for where, lowest, highest in ranges:
-        for label in (lowest, highest):
-            if not 0 <= label - label_offset < (num_classes if num_classes is not None else float("inf")):
-                raise DataError(f"{where}: stored label {label} minus label_offset {label_offset} is outside "
-                                f"[0, {num_classes if num_classes is not None else 'inf'})")
+def _tfrecord_records(shard):
+    """(index, offset, length, {feature name: (offset, length)}, open file) of each record of a TFRecord file.
+    Values are located, not read: indexing an ImageNet shard reads its names and labels, not its JPEGs."""
+    size = os.path.getsize(shard)
+    with open(shard, "rb") as f:
+        i = 0
+        while f.tell() < size:
+            start = f.tell()
+            header = f.read(12)  # uint64 length, uint32 masked CRC of the length, the Example, its CRC
+            end = start + 12 + (struct.unpack("<Q", header[:8])[0] if len(header) == 12 else size) + 4
+            if end > size:
+                raise DataError(f"{shard}: truncated or not a TFRecord file (record {i} at byte {start} runs past "
+                                f"the end of the file); write it again")
+            features = {}
+            try:
+                if f.tell() < end - 4:  # Example.features: a tag and a length, then the map's entries
+                    _varint(f)
+                    _varint(f)
+                while f.tell() < end - 4:  # Features.feature, a map: entries of key = 1, value = 2
+                    _varint(f)
+                    entry_end = _varint(f) + f.tell()
+                    key = value = None
+                    while f.tell() < entry_end:
+                        field, length = _varint(f) >> 3, _varint(f)
+                        if field == 1:
+                            key = f.read(length).decode()
+                        else:
+                            value = (f.tell(), length)
+                            f.seek(length, os.SEEK_CUR)
+                    features[key] = value
+            except (EOFError, UnicodeDecodeError):
+                raise DataError(f"{shard}: record {i} is not a tf.train.Example") from None
+            yield i, start, end - start, features, f
+            f.seek(end)
+            i += 1
+
+
+def _feature_values(f, where):
+    """The values of the serialized tf.train.Feature at ``where``: bytes (bytes_list) or ints (int64_list)."""
+    f.seek(where[0])
+    feature = io.BytesIO(f.read(where[1]))
+    kind = _varint(feature) >> 3  # 1 bytes_list, 2 float_list, 3 int64_list
+    values_end = _varint(feature) + feature.tell()
+    values = []
+    while feature.tell() < values_end:
+        wire_type = _varint(feature) & 7
+        if wire_type == 0:  # one unpacked int64
+            values.append(_varint(feature))
+        elif kind == 3:  # packed int64s
+            packed = io.BytesIO(feature.read(_varint(feature)))
+            while packed.tell() < len(packed.getbuffer()):
+                values.append(_varint(packed))
+        else:
+            values.append(feature.read(_varint(feature)))
+    return [v - (1 << 64) if isinstance(v, int) and v >= 1 << 63 else v for v in values]  # two's complement
+
+
+def _tar_samples(shard):
+    """(key, {extension: member}, open tar) of each sample of a WebDataset tar, in file order."""
+    size = os.path.getsize(shard)
+    try:
+        with tarfile.open(shard, "r:") as tar:
+            key, parts = None, {}
+            for member in tar:  # reads the headers only
+                name = os.path.basename(member.name)
+                if not member.isfile() or name.startswith("."):
+                    continue
+                if member.offset_data + member.size > size:
+                    raise DataError(f"{shard}: truncated ({member.name} runs past the end of the file); write it again")
+                # WebDataset's key: the path up to the first dot of the file name; the rest is the extension
+                stem, _, ext = name.partition(".")
+                if member.name[:-len(name)] + stem != key:
+                    if parts:
+                        yield key, parts, tar
+                    key, parts = member.name[:-len(name)] + stem, {}
+                parts[ext] = member
+            if parts:
+                yield key, parts, tar
+            # a tar cut between two members reads as a shorter archive; only its missing end marker tells
+            tar.fileobj.seek(tar.offset)
+            if tar.fileobj.read(1024) != bytes(1024):
+                raise DataError(f"{shard}: truncated (no end-of-archive marker after its last member); write it again")
+    except tarfile.TarError as e:
+        raise DataError(f"{shard}: not an uncompressed tar file ({e})") from None
 
 
 def _decodes(source):
@@ -445,246 +904,43 @@ def _first_undecodable(layout, path):
 
 
 def find_undecodable(pipe):
-    """The first sample of ``pipe``'s data that PIL cannot decode, or None: "<file>" for an image
-    file, "<shard>: sample <record index or key>" in a shard. Files are scanned in parallel; meant
-    for after DALI's decoder failed, to name the culprit."""
+    """The first sample of ``pipe``'s data that PIL cannot decode, or None: "<file>" for an image file, "<shard>:
+    sample <record index or key>" in a shard. Files are scanned in parallel; meant for after DALI's decoder
+    failed, to name the culprit."""
     with ThreadPoolExecutor(min(16, os.cpu_count() or 1)) as pool:
         found = pool.map(functools.partial(_first_undecodable, pipe.layout), pipe.files)
         return next((f for f in found if f is not None), None)
 
 
-class _ClassifyPipeline(Pipeline):
-    """What the classification pipelines share: the reader (an ImageFolder tree, a DALI file_list,
-    TFRecord files or WebDataset tars), its labels, where the decoder and the other operators run,
-    and the final normalization.
-
-    Attributes for the trainer: ``layout`` ("folder" for a tree or a file_list, "tfrecord", "wds"),
-    ``classes`` (class names in index order, or None when unknown), ``num_classes`` (or None),
-    ``num_samples`` (the whole split, all shards) and ``files`` (image files or shards, for
-    ``find_undecodable``), ``output_layout`` ("CHW" or "HWC").
-    """
-
-    def __init__(self, batch_size, num_threads, device_id, data_dir, file_list, shard_id, num_shards,
-                 shuffle, seed, crop_size, dtype, output_layout, label_offset, num_classes, classes, hw_decoder_load,
-                 device_memory_padding, host_memory_padding, prefetch_queue_depth, pipeline_kwargs):
-        super().__init__(batch_size, num_threads, device_id, seed=seed,
-                         prefetch_queue_depth=prefetch_queue_depth, **_executor_args(device_id, pipeline_kwargs))
-        self.decoder_device, self.device = _devices(device_id)
-        self.output_layout = _output_layout(output_layout)
-        self.decoder_args = {} if device_id is None else dict(
-            hw_decoder_load=hw_decoder_load, device_memory_padding=device_memory_padding,
-            host_memory_padding=host_memory_padding)
-        self.normalize = ops.CropMirrorNormalize(
-            device=self.device, dtype=_dtype(dtype), output_layout=output_layout, crop=(crop_size, crop_size),
-            mean=list(IMAGENET_MEAN), std=list(IMAGENET_STD))
-        # pad_last_batch: every shard returns the same number of batches (DDP needs equal step
-        # counts), padded with repeats of the shard's last sample; see classify_iterator.
-        reader_args = dict(shard_id=shard_id, num_shards=num_shards, random_shuffle=shuffle, pad_last_batch=True,
-                           name="Reader")
-        self.layout = "folder" if file_list is not None else find_layout(data_dir)
-        if file_list is not None:
-            ranges = self._use_file_list(data_dir, file_list, classes, reader_args)
-        elif self.layout == "folder":
-            ranges = self._use_folder(data_dir, classes, reader_args)
-        else:
-            ranges = self._use_shards(data_dir, classes, shuffle, reader_args)
-        if num_classes is None and self.classes is not None:
-            num_classes = len(self.classes)
-        self.num_classes = num_classes
-        _check_labels(ranges, label_offset, self.num_classes)
-        self.label_offset = label_offset
-        self.to_int32 = ops.Cast(dtype=types.INT32)
-
-    def _use_file_list(self, data_dir, file_list, classes, reader_args):
-        if not os.path.isfile(file_list):
-            raise DataError(f"{file_list}: no such file (expected lines '<path relative to data_dir> <label>')")
-        with open(file_list) as f:
-            entries = [line.rsplit(maxsplit=1) for line in f if line.strip()]
-        if not all(len(e) == 2 and e[1].lstrip("-").isdigit() for e in entries):
-            raise DataError(f"{file_list}: expected lines '<path relative to data_dir> <label>'")
-        self.files = [os.path.join(data_dir, path) for path, _ in entries]
-        self.classes, self.num_samples = classes, len(entries)
-        self.reader = ops.readers.File(file_root=data_dir, file_list=file_list, **reader_args)
-        labels = [int(label) for _, label in entries]
-        return [(file_list, min(labels), max(labels))] if labels else []
-
-    def _use_folder(self, data_dir, classes, reader_args):
-        self.files, labels, self.classes = list_image_folder(data_dir, classes)
-        self.num_samples = len(self.files)
-        self.reader = ops.readers.File(files=self.files, labels=labels, **reader_args)
-        return [(data_dir, min(labels), max(labels))]
-
-    def _use_shards(self, data_dir, classes, shuffle, reader_args):
-        self.files = shard_files(data_dir, self.layout)
-        indexes, summaries = zip(*(shard_index(shard, self.layout) for shard in self.files))
-        self.num_samples = sum(s["samples"] for s in summaries)
-        listed = read_classes_txt(data_dir)
-        if classes is not None and listed is not None and list(classes) != listed:
-            raise DataError(f"{os.path.join(data_dir, 'classes.txt')}: its {len(listed)} classes differ from the "
-                            f"{len(classes)} training classes (names and index order must match)")
-        self.classes = list(classes) if classes is not None else listed
-        if shuffle:
-            # Whole shards in a new order every epoch (the same order on every rank: the default
-            # shuffle_after_epoch_seed, not the per-rank seed), samples from a SHUFFLE_BUFFER window.
-            reader_args.update(initial_fill=SHUFFLE_BUFFER, shuffle_after_epoch=True)
-        if self.layout == "tfrecord":
-            self.reader = ops.readers.TFRecord(path=self.files, index_path=list(indexes), features=TFRECORD_FEATURES,
-                                               **reader_args)
-        else:
-            self.reader = ops.readers.Webdataset(paths=self.files, index_paths=list(indexes),
-                                                 ext=[";".join(WDS_IMAGE_EXTENSIONS), "cls"],
-                                                 missing_component_behavior="error", **reader_args)
-            self.pad_digits = ops.Pad(fill_value=ord("0"), shape=[LABEL_DIGITS])
-            self.to_int64 = ops.Cast(dtype=types.INT64)
-            self.sum = ops.reductions.Sum(keep_dims=True)
-        return [(shard, *s["labels"]) for shard, s in zip(self.files, summaries)]
-
-    def read(self):
-        """Encoded images and their labels, int32 of shape (1,), less ``label_offset``."""
-        if self.layout == "tfrecord":
-            record = self.reader()
-            images, labels = record["image/encoded"], record["image/class/label"]
-        elif self.layout == "wds":
-            images, text = self.reader()
-            # .cls holds the label as ASCII digits ("103"). Padded on the right with "0" to
-            # LABEL_DIGITS digits it reads as label * 10 ** padding; the division takes that off.
-            digits = self.to_int64(self.pad_digits(text)) - ord("0")
-            place_values = types.Constant(10 ** np.arange(LABEL_DIGITS - 1, -1, -1, dtype=np.int64))
-            labels = self.sum(digits * place_values) // 10 ** (LABEL_DIGITS - text.shape(dtype=types.INT64))
-        else:
-            images, labels = self.reader()
-        return images, self.to_int32(labels - self.label_offset)
+@contextlib.contextmanager
+def decode_errors_named(pipe):
+    """A DALI error caused by an image of ``pipe``'s that cannot be decoded becomes a ``DataError`` naming it."""
+    try:
+        yield
+    except RuntimeError as e:
+        culprit = find_undecodable(pipe)
+        if culprit is None:
+            raise
+        raise DataError(f"{culprit}: cannot decode this image (DALI: {str(e).strip().splitlines()[-1]}); "
+                        f"remove or replace it") from None
 
 
-class ClassifyTrainPipeline(_ClassifyPipeline):
-    """ImageNet-style training input: random-resized-crop fused with decode, flip, normalize, and
-    optionally random erasing. The crop's resize is DALI's on the GPU and torch's on the CPU
-    (``resize_with_torch``).
+# segmentation data: .npy headers and split CSVs ---------------------------------------------------
 
-    Outputs ``(images, labels)``: images (B, 3, crop_size, crop_size) float32/float16,
-    normalized with ImageNet mean/std, layout CHW, or (B, crop_size, crop_size, 3) with
-    ``output_layout="HWC"`` (``images.permute(0, 3, 1, 2)`` is then a channels_last tensor with no copy);
-    labels (B, 1) int32. ``data_dir`` is an
-    ImageFolder tree, or a folder of TFRecord files or WebDataset tars (see ``find_layout``).
-    ``label_offset`` is subtracted from stored labels (1 for TensorFlow's ImageNet TFRecords, which
-    store 1..1000); ``classes`` (the training class names) numbers a folder's labels by name.
-    Further keyword arguments go to DALI's ``Pipeline`` (``exec_dynamic``, ``set_affinity``,
-    ``enable_checkpointing``, ``checkpoint``, ...).
-    """
-
-    def __init__(self, batch_size, num_threads, device_id, data_dir=None, crop_size=224, shard_id=0,
-                 num_shards=1, seed=None, file_list=None, dtype="float32", output_layout="CHW",
-                 random_area=(0.08, 1.0), random_aspect_ratio=(3 / 4, 4 / 3), random_erase=0.0,
-                 label_offset=0, num_classes=None, classes=None,
-                 hw_decoder_load=DEFAULT_HW_DECODER_LOAD, device_memory_padding=DEVICE_MEMORY_PADDING,
-                 host_memory_padding=HOST_MEMORY_PADDING, prefetch_queue_depth=2, **pipeline_kwargs):
-        # DALI's GPU Erase has no float16 kernel: erase the float32 image, then cast it.
-        cast_after_erase = random_erase and dtype == "float16"
-        super().__init__(batch_size, num_threads, device_id, data_dir, file_list, shard_id, num_shards, True, seed,
-                         crop_size, "float32" if cast_after_erase else dtype, output_layout, label_offset, num_classes, classes,
-                         hw_decoder_load, device_memory_padding, host_memory_padding, prefetch_queue_depth,
-                         pipeline_kwargs)
-        # Decoding only the random crop's region saves work on large images.
-        self.decode = ops.decoders.ImageRandomCrop(
-            device=self.decoder_device, output_type=types.RGB, random_area=list(random_area),
-            random_aspect_ratio=list(random_aspect_ratio), num_attempts=100, **self.decoder_args)
-        if device_id is None:
-            self.torch_pool = _torch_pool(num_threads)
-            self.resize = ops.PythonFunction(
-                function=functools.partial(resize_with_torch, self.torch_pool, (crop_size, crop_size), True),
-                num_outputs=1, batch_processing=True, output_layouts="CHW")
-        else:
-            self.resize = ops.Resize(device=self.device, resize_x=crop_size, resize_y=crop_size,
-                                     interp_type=types.INTERP_TRIANGULAR, antialias=True)
-        self.coin = ops.random.CoinFlip(probability=0.5)
-        self.random_erase = random_erase
-        if random_erase:
-            # torchvision's RandomErasing(p, scale=(0.02, 0.33), ratio=(0.3, 3.3), value=0), as its
-            # classification reference applies it: after normalization, so 0 is the mean colour.
-            self.erase_coin = ops.random.CoinFlip(probability=random_erase)
-            self.erase_area = ops.random.Uniform(range=[0.02, 0.33])
-            self.erase_log_ratio = ops.random.Uniform(range=[math.log(0.3), math.log(3.3)])
-            self.erase_where = ops.random.Uniform(range=[0.0, 1.0], shape=[2])
-            self.erase = ops.Erase(device=self.device, axis_names="HW", normalized=True, fill_value=0.0)
-            self.to_float16 = ops.Cast(device=self.device, dtype=types.FLOAT16) if cast_after_erase else None
-
-    def erase_box(self, images):
-        # (height, width) as fractions of the square crop: sqrt(area * ratio), sqrt(area / ratio).
-        # torchvision redraws a box that does not fit (up to 10 times); here it is clipped to the
-        # crop, which only changes the rare largest, most elongated boxes. A sample whose coin came
-        # up 0 gets a box of size 0: nothing erased.
-        ratio = dmath.exp(self.erase_log_ratio() * types.Constant(np.array([1.0, -1.0], np.float32)))
-        size = dmath.min(dmath.sqrt(self.erase_area() * ratio), 1.0) * self.erase_coin()
-        images = self.erase(images, anchor=self.erase_where() * (1.0 - size), shape=size)
-        return self.to_float16(images) if self.to_float16 else images
-
-    def define_graph(self):
-        jpegs, labels = self.read()
-        images = self.decode(jpegs)
-        images = self.resize(images)
-        images = self.normalize(images, mirror=self.coin())
-        if self.random_erase:
-            images = self.erase_box(images)
-        return images, labels
-
-
-class ClassifyValPipeline(_ClassifyPipeline):
-    """Validation input: decode, resize the shorter side to ``resize_size``, center crop, normalize.
-
-    Same outputs and data arguments as ``ClassifyTrainPipeline``; samples are read in order, not
-    shuffled. Pass the training pipeline's ``classes`` so validation labels use train's indices.
-    """
-
-    def __init__(self, batch_size, num_threads, device_id, data_dir=None, crop_size=224, resize_size=256,
-                 shard_id=0, num_shards=1, seed=None, file_list=None, dtype="float32", output_layout="CHW",
-                 label_offset=0, num_classes=None, classes=None,
-                 hw_decoder_load=DEFAULT_HW_DECODER_LOAD, device_memory_padding=DEVICE_MEMORY_PADDING,
-                 host_memory_padding=HOST_MEMORY_PADDING, prefetch_queue_depth=2, **pipeline_kwargs):
-        super().__init__(batch_size, num_threads, device_id, data_dir, file_list, shard_id, num_shards, False, seed,
-                         crop_size, dtype, output_layout, label_offset, num_classes, classes, hw_decoder_load, device_memory_padding,
-                         host_memory_padding, prefetch_queue_depth, pipeline_kwargs)
-        self.decode = ops.decoders.Image(device=self.decoder_device, output_type=types.RGB, **self.decoder_args)
-        self.resize = ops.Resize(device=self.device, resize_shorter=resize_size,
-                                 interp_type=types.INTERP_TRIANGULAR, antialias=True)
-
-    def define_graph(self):
-        jpegs, labels = self.read()
-        images = self.decode(jpegs)
-        images = self.resize(images)
-        images = self.normalize(images)
-        return images, labels
-
-
-def classify_iterator(pipe):
-    """One pass over the pipeline's shard per epoch: ``batch[0]["data"]``, ``batch[0]["label"]``.
-
-    Training batches are always full: the reader pads its shard with repeats of the shard's last
-    sample, so every rank runs the same number of full batches, never one of a single sample
-    (BatchNorm needs more), and trains on a few real samples twice. Validation batches drop the
-    padding: every sample is seen exactly once.
-    """
-    policy = LastBatchPolicy.FILL if isinstance(pipe, ClassifyTrainPipeline) else LastBatchPolicy.PARTIAL
-    return DALIClassificationIterator(pipe, reader_name="Reader", last_batch_policy=policy, auto_reset=True)
-
-
-# ------------------------------------------------------------------------------------------
-# segmentation
-# ------------------------------------------------------------------------------------------
-
-# What a segmentation set may hold: images (H, W), (H, W, 1) or (H, W, 3) of these types; masks (H, W)
-# or (H, W, 1) of integer class indices (or bool).
+# What a segmentation set may hold: images (H, W), (H, W, 1) or (H, W, 3) of these types; masks (H, W) or
+# (H, W, 1) of integer class indices (or bool).
 IMAGE_DTYPES = ("uint8", "uint16", "float32")
 # Bytes read from the start of each .npy: numpy pads its headers to 128 bytes unless the shape is long.
 NPY_PREFIX = 256
 NPY_MAGIC = b"\x93NUMPY"
+# The columns of the split CSVs that data_processing.make_csv_file_npy writes.
+CSV_HEADER = ["index", "images", "masks"]
 
 
 @functools.lru_cache(maxsize=4096)
 def _parse_npy_header(header):
-    """(shape, dtype) of a raw .npy header. The files of a set mostly share one header, and parsing it
-    (a Python literal) costs more than reading it, so each distinct header is parsed once: 100,000
-    pairs are checked in 2 s (2 cores, warm page cache), against 12 s with np.load(mmap_mode="r").
-    Reading them in 2 or 8 threads was slower, the threads taking turns on the GIL."""
+    """(shape, dtype) of a raw .npy header. A set's files mostly share one header, and parsing it (a Python
+    literal) costs more than reading it, so each distinct header is parsed once (timings in results/README.md)."""
     f = io.BytesIO(header)
     version = np.lib.format.read_magic(f)
     read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
@@ -693,8 +949,8 @@ def _parse_npy_header(header):
 
 
 def _npy_shape(path):
-    """Shape and dtype from a .npy header, read without the array data; ``DataError`` when the file is
-    missing, not a .npy array, or shorter than its header says (a truncated copy)."""
+    """Shape and dtype from a .npy header, read without the array data; ``DataError`` when the file is missing,
+    not a .npy array, or shorter than its header says (a truncated copy)."""
     try:
         with open(path, "rb") as f:
             head = f.read(NPY_PREFIX)
@@ -717,10 +973,6 @@ def _npy_shape(path):
     if size < needed:
         raise DataError(f"{path}: truncated: {size} bytes, but its header ({shape} {dtype}) needs {needed}")
     return shape, dtype
-
-
-# The columns of the split CSVs that data_processing.make_csv_file_npy writes.
-CSV_HEADER = ["index", "images", "masks"]
 
 
 def read_split(prepared_root, split):
@@ -746,14 +998,22 @@ def read_split(prepared_root, split):
     return imgs, lbls
 
 
+def first_mask_above(lbls, limit, threads=8):
+    """(path, largest value) of the first mask in ``lbls`` that holds a value above ``limit``, or None: every mask is
+    read, on ``threads`` threads."""
+    with ThreadPoolExecutor(threads) as pool:
+        largest = pool.map(lambda path: int(np.load(path, mmap_mode="r").max()), lbls)
+        return next(((path, value) for path, value in zip(lbls, largest) if value > limit), None)
+
+
 def check_segmentation_files(imgs, lbls):
     """Checks an image/mask ``.npy`` set before DALI reads it, from the files' headers alone.
 
-    ``imgs[i]`` pairs with ``lbls[i]`` whatever their names; a pair must agree in height x width.
-    Images are (H, W), (H, W, 1) or (H, W, 3) of uint8, uint16 or float32, masks (H, W) or (H, W, 1) of an
-    integer type or bool; all images of a set share one shape pattern and dtype, and so do all masks (DALI
-    reads a batch of one kind). Anything else raises ``DataError`` naming the file. Returns
-    ``((image_shape, image_dtype), (mask_shape, mask_dtype))`` of the first pair, which stands for the set.
+    ``imgs[i]`` pairs with ``lbls[i]`` whatever their names; a pair must agree in height x width. Images are
+    (H, W), (H, W, 1) or (H, W, 3) of uint8, uint16 or float32, masks (H, W) or (H, W, 1) of an integer type or
+    bool; all images of a set share one shape pattern and dtype, and so do all masks (DALI reads a batch of one
+    kind). Anything else raises ``DataError`` naming the file. Returns ``((image_shape, image_dtype),
+    (mask_shape, mask_dtype))`` of the first pair, which stands for the set.
     """
     imgs, lbls = [] if imgs is None else list(imgs), [] if lbls is None else list(lbls)
     if len(imgs) == 0:
@@ -782,299 +1042,3 @@ def check_segmentation_files(imgs, lbls):
                                 f"is {first_shape} {first_dtype} (all {what}s of a set share their number of "
                                 f"dimensions, channels and dtype)")
     return first_image, first_mask
-
-
-class SegmentValPipeline(Pipeline):
-    """Image and mask ``.npy`` files, ``imgs[i]`` paired with ``lbls[i]``, read in lock-step and resized to
-    ``size`` (height, width), the image normalized.
-
-    Outputs ``(image, mask)``, both CHW. Image (B, C, H, W) float32, C = ``self.channels`` (1 or 3, as
-    stored). Mask (B, 1, H, W): uint8 for uint8 or bool masks, int32 for any other integer type. Images are
-    resized linearly, masks by nearest neighbour, so a mask keeps exactly its class values.
-
-    Normalization: 8-bit RGB images with ImageNet mean/std; every other kind (greyscale, uint16, float32)
-    per image, each channel by the image's own mean and standard deviation (a constant channel becomes 0);
-    or, for any kind, by ``mean`` and ``std`` when given (1 or C values each, on the image's own scale).
-    Further keyword arguments go to DALI's ``Pipeline`` (``enable_checkpointing``, ``checkpoint``, ...).
-    """
-
-    shuffle = False
-    # segment_iterator's policy: every sample of the shard exactly once per epoch, the last batch partial
-    last_batch_policy = LastBatchPolicy.PARTIAL
-
-    def __init__(self, batch_size, num_threads, device_id, imgs, lbls, size=(384, 384), shard_id=0,
-                 num_shards=1, seed=42, mean=None, std=None, prefetch_queue_depth=2, **pipeline_kwargs):
-        super().__init__(batch_size, num_threads, device_id, seed=seed, prefetch_queue_depth=prefetch_queue_depth,
-                         **_executor_args(device_id, pipeline_kwargs))
-        (image_shape, image_dtype), (mask_shape, mask_dtype) = check_segmentation_files(imgs, lbls)
-        self.channels = image_shape[2] if len(image_shape) == 3 else 1
-        if (mean is None) != (std is None):
-            raise ValueError(f"give both mean and std, or neither (got mean={mean}, std={std})")
-        if mean is None and self.channels == 3 and image_dtype == np.uint8:
-            mean, std = IMAGENET_MEAN, IMAGENET_STD
-        self.per_image = mean is None
-        self.on_gpu = device_id is not None
-        device = "gpu" if self.on_gpu else "cpu"
-        # Both readers get the same seed, shuffle and sharding, so they stay in lock-step.
-        # Memory-mapped reads with cached headers: plain reads (dont_use_mmap) were 7x slower on 512x512
-        # uint8 files (780 vs 5,200 samples/s, 2-core CPU), and the reader was the segmentation ceiling.
-        reader_args = dict(shard_id=shard_id, num_shards=num_shards, random_shuffle=self.shuffle, seed=seed,
-                           pad_last_batch=True, cache_header_information=True,
-                           prefetch_queue_depth=READER_PREFETCH)
-        self.read_image = ops.readers.Numpy(files=list(imgs), **reader_args)
-        self.read_mask = ops.readers.Numpy(files=list(lbls), **reader_args)
-        # (H, W) files get a channel axis of 1, so every kind of set runs through one graph.
-        self.image_hwc = ops.Reshape(device=device, src_dims=[0, 1, -1] if len(image_shape) == 2 else [0, 1, 2],
-                                     layout="HWC")
-        self.mask_hwc = ops.Reshape(device=device, src_dims=[0, 1, -1] if len(mask_shape) == 2 else [0, 1, 2],
-                                    layout="HWC")
-        # DALI's Resize reads uint8, int16, uint16 and float32 only: other masks (int64 is what np.argmax
-        # gives) are resized as float32, exact for class values below 2**24, and handed out as int32.
-        resized, handed_out = ((types.UINT8, types.UINT8) if mask_dtype in (np.uint8, np.bool_)
-                               else (types.FLOAT, types.INT32))
-        # A cast to the type a mask already has would only copy it (3-5 % of the CPU pipeline's time): uint8
-        # masks skip both.
-        self.mask_in = ops.Cast(device=device, dtype=resized) if mask_dtype != np.uint8 else None
-        self.mask_out = ops.Cast(device=device, dtype=handed_out) if handed_out != resized else None
-        # CPU-only, 8-bit images are resized (and flipped) by torch, faster than DALI 2.4's CPU resize (README);
-        # torch's resize has no uint16 path, so other images keep DALI's.
-        # One pool for the torch code of a CPU-only pipeline (this resize, the training noise); its threads start
-        # on first use.
-        self.torch_pool = None if self.on_gpu else _torch_pool(num_threads)
-        self.torch_resize = not self.on_gpu and image_dtype == np.uint8
-        if self.torch_resize:
-            self.resize_image = ops.PythonFunction(
-                function=functools.partial(resize_with_torch, self.torch_pool, tuple(size), False),
-                num_outputs=1, batch_processing=True, output_layouts="CHW")
-        else:
-            # roi_relative: the training pipeline flips by reading the region of interest backwards
-            self.resize_image = ops.Resize(device=device, size=list(size), interp_type=types.INTERP_LINEAR,
-                                           antialias=False, roi_relative=True)
-        self.resize_mask = ops.Resize(device=device, size=list(size), interp_type=types.INTERP_NN,
-                                      antialias=False, roi_relative=True)
-        # (H, W, 1) -> (1, H, W) moves no data
-        self.mask_chw = ops.Reshape(device=device, src_dims=[2, 0, 1], layout="CHW")
-        if self.per_image:
-            # torch's resize hands out CHW already
-            self.image_chw = (None if self.torch_resize
-                              else ops.Transpose(device=device, perm=[2, 0, 1], output_layout="CHW"))
-            # Each channel is shifted to start at 0 first, which changes nothing after standardizing but
-            # makes a constant channel exactly 0: its mean in float32 is a hair off its value, and that
-            # hair divided by an equally small standard deviation came out as -1 or 1.
-            self.channel_min = ops.reductions.Min(device=device, axes=[1, 2], keep_dims=True)
-            self.standardize = ops.Normalize(device=device, axes=[1, 2], dtype=types.FLOAT)
-        else:
-            mean, std = np.atleast_1d(mean).astype(float).tolist(), np.atleast_1d(std).astype(float).tolist()
-            if {len(mean), len(std)} - {1, self.channels}:
-                raise ValueError(f"mean and std need 1 or {self.channels} values each (the images have "
-                                 f"{self.channels} channels), got mean={mean}, std={std}")
-            self.crop_mirror_normalize = ops.CropMirrorNormalize(device=device, dtype=types.FLOAT,
-                                                                 output_layout="CHW", mean=mean, std=std)
-
-    def load(self):
-        """Each pair's image (H, W, C) and mask (H, W, 1), on the pipeline's device."""
-        image = self.read_image(name="ReaderX")
-        mask = self.read_mask(name="ReaderY")
-        if self.on_gpu:
-            image, mask = image.gpu(), mask.gpu()
-        mask = self.mask_hwc(mask)
-        return self.image_hwc(image), self.mask_in(mask) if self.mask_in else mask
-
-    def resize(self, image, mask, flips=None):
-        """Image and mask resized to ``size``, both flipped where ``flips`` (vertical, horizontal) is 1. DALI flips by
-        reading the region of interest backwards, from 1 to 0 along the flipped axes, with no pass of its own."""
-        roi = {} if flips is None else dict(roi_start=flips, roi_end=1 - flips)
-        if self.torch_resize:
-            image = self.resize_image(image) if flips is None else self.resize_image(image, flips)
-        else:
-            image = self.resize_image(image, **roi)
-        return image, self.resize_mask(mask, **roi)
-
-    def normalize(self, image):
-        """Resized image (H, W, C), or (C, H, W) from torch -> (C, H, W) float32, normalized as the class docstring
-        says."""
-        if self.per_image:
-            image = self.image_chw(image) if self.image_chw else image
-            return self.standardize(image - self.channel_min(image))
-        return self.crop_mirror_normalize(image)
-
-    def output(self, image, mask):
-        mask = self.mask_chw(mask)
-        return image, self.mask_out(mask) if self.mask_out else mask
-
-    def define_graph(self):
-        image, mask = self.resize(*self.load())
-        return self.output(self.normalize(image), mask)
-
-
-# Elements of noise one task generates: DALI's own CPU random operators split a large sample the same way.
-NOISE_CHUNK = 1 << 16
-
-
-def add_gaussian_noise(pool, images, stddevs, seeds):
-    """``images[i]`` plus noise drawn from N(0, ``stddevs[i]``²) for every element: the CPU pipeline's Gaussian
-    noise (see ``SegmentTrainPipeline``), on lists of NumPy arrays. Torch generates it in chunks of ``NOISE_CHUNK``
-    elements on ``pool``'s threads, each chunk with a generator seeded by ``seeds[i]`` and the chunk's index,
-    so the noise does not depend on which thread ran which chunk."""
-    noisy = [np.empty(image.shape, np.float32) for image in images]
-
-    def fill(job):
-        out, image, stddev, seed, k = job
-        chunk = slice(k * NOISE_CHUNK, (k + 1) * NOISE_CHUNK)
-        noise = out.reshape(-1)[chunk]
-        generator = torch.Generator().manual_seed(seed * 2 ** 16 + k)
-        torch.from_numpy(noise).normal_(0.0, float(stddev), generator=generator)
-        noise += image.reshape(-1)[chunk]
-
-    jobs = [(out, image, stddev, int(seed), k) for out, image, stddev, seed in zip(noisy, images, stddevs, seeds)
-            for k in range(-(-image.size // NOISE_CHUNK))]
-    for _ in pool.map(fill, jobs):
-        pass
-    return noisy
-
-
-class SegmentTrainPipeline(SegmentValPipeline):
-    """``SegmentValPipeline`` plus augmentations, applied on the device of the pipeline.
-
-    Flips (vertical, horizontal; ``flip_p`` each) are drawn per sample and applied to image and mask
-    alike. On the normalized image only, each drawn per sample with its own probability: Gaussian noise,
-    Gaussian blur, brightness scaling, and contrast scaling clamped to the image's own min/max.
-    """
-
-    shuffle = True
-    # segment_iterator's policy: full batches only, the same number on every shard; the readers'
-    # pad_last_batch fills a shard's last batch by repeating its own samples, so no step sees made-up data.
-    last_batch_policy = LastBatchPolicy.FILL
-
-    def __init__(self, batch_size, num_threads, device_id, imgs, lbls, flip_p=0.5,
-                 noise_p=0.15, noise_std=(0.0, 0.33), blur_p=0.15, blur_sigma=(0.5, 1.5),
-                 brightness_p=0.15, brightness=(0.7, 1.3), contrast_p=0.13, contrast=(0.9, 1.1), **kwargs):
-        super().__init__(batch_size, num_threads, device_id, imgs, lbls, **kwargs)
-        device = "gpu" if self.on_gpu else "cpu"
-        self.flip_coin = ops.random.CoinFlip(probability=flip_p, shape=[2])  # (vertical, horizontal)
-        self.as_float = ops.Cast(dtype=types.FLOAT)
-        self.noise_coin = ops.random.CoinFlip(probability=noise_p, dtype=types.BOOL)
-        self.noise_std = ops.random.Uniform(range=list(noise_std))
-        if self.on_gpu:
-            self.noise = ops.noise.Gaussian(device=device)
-        else:
-            # DALI's CPU normal generator costs 14 ms per 384x384x3 image on one core, torch's 1.3 ms, and
-            # noise was half the CPU pipeline's time. Torch's generators are seeded from DALI's (below 2**47,
-            # see add_gaussian_noise), so the pipeline's seed and checkpoints decide the noise as before, and
-            # they run on num_threads threads of their own (self.torch_pool).
-            self.noise_seed = ops.random.Uniform(range=[0.0, 2.0 ** 47], dtype=types.FLOAT64)
-            self.torch_noise = ops.PythonFunction(function=functools.partial(add_gaussian_noise, self.torch_pool),
-                                                  num_outputs=1, batch_processing=True, output_layouts="CHW")
-        self.blur_coin = ops.random.CoinFlip(probability=blur_p, dtype=types.BOOL)
-        self.blur_sigma = ops.random.Uniform(range=list(blur_sigma))
-        self.blur = ops.GaussianBlur(device=device)
-        self.brightness_coin = ops.random.CoinFlip(probability=brightness_p, dtype=types.BOOL)
-        self.brightness = ops.random.Uniform(range=list(brightness))
-        self.contrast_coin = ops.random.CoinFlip(probability=contrast_p, dtype=types.BOOL)
-        self.contrast = ops.random.Uniform(range=list(contrast))
-        self.min = ops.reductions.Min(device=device)
-        self.max = ops.reductions.Max(device=device)
-        # The ops API has no per-sample `if`; these are the operators DALI's conditionals run for one
-        # (`if` under @pipeline_def(enable_conditionals=True)). DALI keeps them in ops._conditional, so
-        # requirements.txt pins DALI's version exactly.
-        self.split = ops._conditional.Split(device=device)
-        self.split_cpu = ops._conditional.Split(device="cpu")
-        self.merge = ops._conditional.Merge(device=device)
-
-    def on_drawn(self, coin, image, params, augment):
-        """``augment(image, *params)`` on the samples whose coin came up, the other samples as they were.
-
-        Only the samples that drew an augmentation pay for it. Computing noise and blur for every sample
-        and keeping them by the coin made the CPU pipeline 4x slower than a DataLoader.
-        """
-        drawn, kept = self.split(image, predicate=coin)
-        params = [self.split_cpu(param, predicate=coin)[0] for param in params]
-        return self.merge(augment(drawn, *params), kept, predicate=coin)
-
-    def add_noise(self, image):
-        if self.on_gpu:
-            return self.on_drawn(self.noise_coin(), image, [self.noise_std()], lambda x, s: self.noise(x, stddev=s))
-        return self.on_drawn(self.noise_coin(), image, [self.noise_std(), self.noise_seed()], self.torch_noise)
-
-    def scale_contrast(self, image, factor):
-        # a min of a max: dmath.clamp took twice as long on the CPU
-        return dmath.min(dmath.max(image * factor, self.min(image)), self.max(image))
-
-    def define_graph(self):
-        image, mask = self.load()
-        # the resize flips image and mask alike
-        image, mask = self.resize(image, mask, self.as_float(self.flip_coin()))
-        image = self.normalize(image)
-        image = self.add_noise(image)
-        image = self.on_drawn(self.blur_coin(), image, [self.blur_sigma()], lambda x, s: self.blur(x, sigma=s))
-        image = self.on_drawn(self.brightness_coin(), image, [self.brightness()], lambda x, f: x * f)
-        image = self.on_drawn(self.contrast_coin(), image, [self.contrast()], self.scale_contrast)
-        return self.output(image, mask)
-
-
-def segment_iterator(pipe):
-    """Batches of a segmentation pipeline as PyTorch tensors: ``batch[0]["image"]``, ``batch[0]["mask"]``.
-
-    A validation pipeline yields every sample of its shard exactly once per epoch (the last batch partial).
-    A training pipeline yields full batches only, the same number on every shard, the last one filled with
-    repeats of the shard's own samples: under DDP every rank takes the same number of steps, on real data.
-    """
-    return DALIGenericIterator(pipe, ["image", "mask"], reader_name="ReaderX",
-                               last_batch_policy=pipe.last_batch_policy, auto_reset=True)
-
-
-SEGMENT_PIPELINES = {"train": SegmentTrainPipeline, "eval": SegmentValPipeline, "test": SegmentValPipeline}
-PIPELINE_KEYS = ("device_id", "num_threads", "shard_id", "num_shards", "seed", "size", "mean", "std",
-                 "prefetch_queue_depth", "enable_checkpointing", "checkpoint")
-AUGMENTATION_KEYS = ("flip_p", "noise_p", "noise_std", "blur_p", "blur_sigma", "brightness_p", "brightness",
-                     "contrast_p", "contrast")
-# The nail-segmentation write-up's settings that stand for one of ours: DALI threads, number of shards.
-WRITEUP_KEYS = ("num_workers", "gpus")
-# Its settings this loader has no use for (3D volumes, patch sampling, benchmark mode, GPU staging):
-# accepted so that its client code runs unchanged, and ignored.
-IGNORED_KEYS = ("dim", "overlap", "benchmark", "oversampling", "test_batches", "train_batches", "load_to_gpu")
-
-
-def _env_int(name, default):
-    return int(os.environ[name]) if os.environ.get(name) else default
-
-
-def fetch_dali_loader(imgs, lbls, batch_size, mode, **kwargs):
-    """The segmentation pipeline for ``mode``: ``SegmentTrainPipeline`` for "train", ``SegmentValPipeline``
-    for "eval" or "test", over ``.npy`` files paired by position (``imgs[i]`` with ``lbls[i]``).
-
-    Returns the pipeline, as the nail-segmentation write-up's loader does: wrap it with
-    ``segment_iterator(pipe)``, or with the write-up's ``DALIGenericIterator`` subclass
-    (``reader_name="ReaderX"``; it keeps DALI's default policy, FILL, so its validation epochs end with
-    a batch padded by repeats, where ``segment_iterator`` counts every validation sample once).
-    ``pipe.channels`` is the number of image channels a model must take.
-
-    Takes the write-up's settings dict as it stands: ``num_workers`` (DALI threads), ``gpus`` (shards when
-    not under torchrun), ``seed``; ``dim``, ``overlap``, ``benchmark``, ``oversampling``, ``test_batches``,
-    ``train_batches`` and ``load_to_gpu`` are ignored. Unless given as ``device_id``, ``shard_id`` and
-    ``num_shards``, the device and shard come from the environment, as in the write-up: GPU ``LOCAL_RANK``
-    (0 if unset) when PyTorch sees a GPU, else the CPU only (``device_id=None``); shard ``RANK`` of
-    ``WORLD_SIZE`` under torchrun, else shard ``LOCAL_RANK`` of ``gpus``. Our own settings: ``num_threads``
-    (wins over ``num_workers``; default 4), ``seed``, ``size``, ``mean``, ``std``,
-    ``prefetch_queue_depth``, ``enable_checkpointing``, ``checkpoint``, and ``SegmentTrainPipeline``'s
-    augmentation settings (used by "train", ignored by "eval" and "test"). Any other key raises
-    ``ValueError`` listing the accepted ones.
-    """
-    if mode not in SEGMENT_PIPELINES:
-        raise ValueError(f"mode must be one of {', '.join(SEGMENT_PIPELINES)}, got {mode!r}")
-    unknown = [key for key in kwargs if key not in PIPELINE_KEYS + AUGMENTATION_KEYS + WRITEUP_KEYS + IGNORED_KEYS]
-    if unknown:
-        raise ValueError(f"fetch_dali_loader got unknown keyword argument(s) {', '.join(unknown)}; it accepts "
-                         f"{', '.join(PIPELINE_KEYS + AUGMENTATION_KEYS + WRITEUP_KEYS)}, and ignores "
-                         f"{', '.join(IGNORED_KEYS)}")
-    pipeline = SEGMENT_PIPELINES[mode]
-    used = PIPELINE_KEYS + (AUGMENTATION_KEYS if pipeline is SegmentTrainPipeline else ())
-    settings = {key: value for key, value in kwargs.items() if key in used}
-    settings.setdefault("num_threads", kwargs.get("num_workers", 4))
-    settings.setdefault("num_shards", _env_int("WORLD_SIZE", kwargs.get("gpus", 1)))
-    settings.setdefault("shard_id", _env_int("RANK", _env_int("LOCAL_RANK", 0)))
-    settings.setdefault("device_id", _env_int("LOCAL_RANK", 0) if torch.cuda.is_available() else None)
-    if not 0 <= settings["shard_id"] < settings["num_shards"]:
-        raise ValueError(f"shard_id {settings['shard_id']} is out of range for num_shards {settings['num_shards']} "
-                         f"(from the arguments, else RANK or LOCAL_RANK, and WORLD_SIZE or gpus)")
-    return pipeline(batch_size, settings.pop("num_threads"), settings.pop("device_id"), imgs, lbls, **settings)

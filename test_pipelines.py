@@ -232,7 +232,7 @@ def test_cpu_resize_by_torch_is_dalis_resize(shape, antialias):
     Shrinking, enlarging, both at once, and neither."""
     image = photo_like(*shape)
     with ThreadPoolExecutor(2) as pool:
-        outs = pipelines.resize_with_torch(pool, (224, 224), antialias, [image] * 4, FLIPS)
+        outs = pipelines.resize_with_torch(pool, 2, (224, 224), antialias, [image] * 4, FLIPS)
     assert all(out.dtype == np.uint8 and out.shape == (3, 224, 224) for out in outs)
     outs = [out.transpose(1, 2, 0) for out in outs]
 
