@@ -1,5 +1,5 @@
-"""Train a segmentation model with DALI feeding PyTorch directly. Needs only pipelines.py beside it
-(and data_processing.py for --data demo or a PNG root).
+"""Train a segmentation model with DALI feeding PyTorch directly. Needs only pipelines.py beside it (and
+data_processing.py for --data demo or a PNG root).
 
     python train_segment.py --data demo                    # builds a synthetic nail set (no download), trains on it
     python train_segment.py --data data/nails --amp bf16 --channels-last    # a prepared root (csv_file/ inside)
@@ -8,268 +8,109 @@
     python train_segment.py --data data/nails --resume runs/segment/exp1/checkpoint.pth             # continue a run
     python train_segment.py --data data/nails --resume runs/segment/exp1/best.pth --evaluate
 
-DALI reads each image and its mask with two readers that share seed, shuffle and sharding, resizes the
-image linearly and the mask with nearest neighbour to --size, flips both alike and applies noise, blur,
-brightness and contrast to the image only: on the GPU when there is one, else on the CPU. --num-classes 1
-is binary (BCE + Dice); 2 or more use cross-entropy + Dice. Each epoch logs val Dice and IoU per class and
-their mean and writes a PNG of predictions. Every run gets its own folder (runs/segment/expN, or
---output-dir) for metrics.jsonl, checkpoint.pth and best.pth; --checkpoint-every N also saves mid-epoch,
-and --resume continues at the exact step, with the same samples still to come.
+DALI reads each image and its mask with two readers that share seed, shuffle and sharding, resizes the image
+linearly and the mask by nearest neighbour to --size, flips both alike and applies noise, blur, brightness and
+contrast to the image only: on the GPU when there is one, else on the CPU. --num-classes 1 is binary (BCE + Dice);
+2 or more use cross-entropy + Dice. Each run writes metrics.jsonl (val Dice and IoU per class), checkpoint.pth,
+best.pth and a PNG of predictions per epoch into its own folder (runs/segment/expN).
+Read top to bottom: flags, model and loss, train_one_epoch / evaluate, main; the plumbing sits below the banner.
 """
 
 import argparse
+import contextlib
 import datetime
 import fcntl
+import functools
 import json
 import math
 import os
 import sys
 import time
 import traceback
-from concurrent.futures import ThreadPoolExecutor
+from types import SimpleNamespace
 
-import numpy as np
 import torch
 import torch.distributed as dist
 import torchvision
 from torch import nn
 from torchvision.utils import draw_segmentation_masks, make_grid, save_image
 
-from pipelines import DataError, fetch_dali_loader, read_split, segment_iterator
+from pipelines import DataError, fetch_dali_loader, first_mask_above, read_split, segment_iterator
+
+RUNS_DIR = "runs/segment"
+# --data demo: a small, quick run; flags given on the command line still win.
+DEMO_DEFAULTS = dict(epochs=6, batch_size=8, lr=2.0, size=96, unet_width=16, print_freq=5, lr_warmup_epochs=1,
+                     lr_scheduler="cosine", workers=min(4, os.cpu_count() or 1))
 
 
-class UsageError(Exception):
-    """A flag, file or condition the run cannot go on with; printed as one `error:` line, exit status 2."""
+def get_args_parser(add_help=True):
+    parser = argparse.ArgumentParser(description="Semantic segmentation on DALI", add_help=add_help,
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    # A bad flag ends the run as every usage error does: one `error:` line, exit status 2.
+    parser.error = lambda message: parser.exit(2, f"error: {message}\n")
+    g = parser.add_argument_group("data")
+    g.add_argument("--data", required=True, help="prepared root (csv_file/), PNG root (Images/, Masks/: prepared into "
+                   "<root>/npy), or 'demo' for a built-in synthetic set (demo also changes the defaults to: "
+                   + ", ".join(f"--{k.replace('_', '-')} {v}" for k, v in DEMO_DEFAULTS.items()) + ")")
+    g.add_argument("--num-classes", type=at_least_1, default=1, help="1: binary (BCE + Dice); more: CE + Dice")
+    g.add_argument("--size", type=number(int, "a multiple of 32 (the models down-sample by up to 32)",
+                                         lambda v: v >= 32 and v % 32 == 0), default=384, help="side of the input")
+    g.add_argument("-j", "--workers", type=at_least_1, default=min(8, os.cpu_count() or 1), help="DALI threads")
+    g.add_argument("--dali-device", choices=["gpu", "cpu"], help="where DALI runs (default: gpu if CUDA is available)")
+    g.add_argument("--loader", choices=["dali", "synthetic"], default="dali", help="synthetic: train on one random "
+                   "batch already on the device (the speed ceiling; validation still reads --data)")
+    g = parser.add_argument_group("model")
+    g.add_argument("--arch", default="unet", choices=ARCHS, help="the compact U-Net of this file, or a torchvision model")
+    g.add_argument("--unet-width", type=at_least_1, default=32, help="channels of the U-Net's first level")
+    g.add_argument("--sync-bn", action="store_true", help="SyncBatchNorm across processes under torchrun (CUDA only)")
+    g.add_argument("--model-ema", action="store_true", help="an EMA of the weights, validated and saved beside them")
+    g.add_argument("--model-ema-steps", type=at_least_1, default=32, help="steps between EMA updates")
+    g.add_argument("--model-ema-decay", type=number(float, "in (0, 1)", lambda v: 0 < v < 1), default=0.99998,
+                   help="EMA decay for a 1024-image reference, as torchvision's")
+    g = parser.add_argument_group("optimisation")
+    g.add_argument("--epochs", type=at_least_1, default=50, help="epochs to train")
+    g.add_argument("-b", "--batch-size", type=at_least_1, default=32, help="images per process (per GPU)")
+    g.add_argument("--opt", choices=["sgd", "adamw"], default="sgd", help="optimizer")
+    g.add_argument("--lr", type=positive, default=0.1, help="lr for a global batch of 256 (scaled by global batch / 256)")
+    g.add_argument("--momentum", type=below_one, default=0.9, help="SGD momentum")
+    g.add_argument("--wd", "--weight-decay", type=non_negative, default=1e-4, dest="wd", help="weight decay")
+    g.add_argument("--norm-weight-decay", type=non_negative, help="weight decay of norm layers and biases (default: --wd)")
+    g.add_argument("--clip-grad-norm", type=non_negative, default=0.0, help="clip the gradients' total norm (0: off)")
+    g.add_argument("--lr-scheduler", choices=["cosine", "step", "poly"], default="poly",
+                   help="decay after warm-up, stepped every iteration")
+    g.add_argument("--lr-warmup-epochs", type=non_negative, default=1, help="warm-up epochs")
+    g.add_argument("--lr-warmup-method", choices=["linear", "constant"], default="linear", help="warm-up shape")
+    g.add_argument("--lr-warmup-decay", type=non_negative, default=0.01, help="warm-up starts at this share of the lr")
+    g.add_argument("--lr-step-size", type=at_least_1, default=30, help="step schedule: epochs between decays")
+    g.add_argument("--lr-gamma", type=non_negative, default=0.1, help="step schedule: factor per decay")
+    g.add_argument("--lr-min", type=non_negative, default=0.0, help="cosine schedule: the final lr")
+    g.add_argument("--amp", choices=["bf16", "fp16", "none"], default="none", help="mixed precision (autocast)")
+    g.add_argument("--channels-last", action="store_true", help="channels_last memory format")
+    g.add_argument("--compile", action="store_true", help="torch.compile the model")
+    g.add_argument("--seed", type=int, default=0, help="seed of model init and DALI augmentations")
+    g = parser.add_argument_group("output and checkpoints")
+    g.add_argument("--output-dir", help=f"the run's folder (default: a new {RUNS_DIR}/expN, or --resume's folder)")
+    g.add_argument("--overwrite", action="store_true", help="replace a previous run's checkpoints in --output-dir")
+    g.add_argument("--resume", default="", help="checkpoint to continue from, at its exact step")
+    g.add_argument("--checkpoint-every", type=at_least_0, default=0, help="also save every N steps (0: per epoch)")
+    g.add_argument("--evaluate", action="store_true", help="only validate the --resume model (with --model-ema, its EMA)")
+    g.add_argument("--print-freq", type=at_least_1, default=50, help="log a line every N steps")
+    return parser
 
 
-def autocast(args, device):
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(args.amp)
-    return torch.autocast(device.type, dtype=dtype, enabled=dtype is not None)
+def parse_args(argv=None):
+    """The flags, with --data demo's defaults where it is given, and the rules that tie flags together."""
+    parser = get_args_parser()
+    args = parser.parse_args(argv)
+    if args.data == "demo":
+        parser.set_defaults(**DEMO_DEFAULTS)
+        args = parser.parse_args(argv)
+    if args.batch_size < 2 and not args.evaluate:
+        parser.error("--batch-size must be at least 2 for training (BatchNorm needs more than one sample)")
+    return args
 
 
-def all_reduce_sum(values, device):
-    """Sum floats over all processes (a host-device sync point: call it rarely)."""
-    t = torch.tensor(values, dtype=torch.float64, device=device)
-    if dist.is_initialized():
-        dist.all_reduce(t)
-    return t.tolist()
-
-
-def broadcast_buffers(*models):
-    """Give every process the main process's buffers (BatchNorm running statistics, EMA's too).
-
-    DDP copies them from rank 0 only at the start of each forward pass, so after an epoch's last step
-    each process holds the statistics of its own last batches; evaluating then would score a different
-    model on each shard than the one rank 0 saves.
-    """
-    if dist.is_initialized():
-        for model in models:
-            for buffer in model.buffers():
-                dist.broadcast(buffer, 0)
-
-
-def train_one_epoch(model, criterion, optimizer, scheduler, scaler, batches, epoch, first_step, steps, args, device,
-                    log, model_ema=None, save_mid_epoch=None):
-    """Steps ``first_step + 1 .. steps`` of one epoch over ``batches`` ((images, masks) on ``device``).
-
-    Returns the mean training loss over these steps and all processes. Every --print-freq steps one line
-    gives loss, lr, img/s, data wait and ETA: ``.item()`` and the all-reduce, both sync points, happen only
-    there. ``save_mid_epoch(step)`` runs every --checkpoint-every steps.
-    """
-    model.train()
-    world_size = dist.get_world_size() if dist.is_initialized() else 1
-    loss_sum = torch.zeros((), device=device)
-    window_loss, window_images, window_steps = torch.zeros((), device=device), 0, 0
-    # Data wait: on the CPU, the wall time blocked in next(). On a GPU the CPU runs ahead, so time blocked
-    # in next() also covers waiting for the GPU itself; there two CUDA events per step time the gap on the
-    # GPU between the end of one step and the start of the next, read at the logging sync point.
-    cpu_wait, gaps, step_end = 0.0, [], None
-    epoch_start = window_start = fetch_start = time.perf_counter()
-    for step, (images, targets) in enumerate(batches, first_step + 1):
-        if device.type != "cuda":
-            cpu_wait += time.perf_counter() - fetch_start
-        elif step_end is not None:
-            start = torch.cuda.Event(enable_timing=True)
-            start.record()
-            gaps.append((step_end, start))
-        n = images.shape[0]
-        if args.channels_last:
-            images = images.contiguous(memory_format=torch.channels_last)
-        with autocast(args, device):
-            loss = criterion(model(images), targets)
-        optimizer.zero_grad(set_to_none=True)
-        scaler.scale(loss).backward()
-        if args.clip_grad_norm:
-            scaler.unscale_(optimizer)  # clip the true gradients, not fp16's scaled ones
-            torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip_grad_norm)
-        scaler.step(optimizer)
-        scaler.update()
-        scheduler.step()
-        if model_ema is not None and step % args.model_ema_steps == 0:
-            model_ema.update_parameters(model)
-            if epoch <= args.lr_warmup_epochs:
-                model_ema.n_averaged.fill_(0)  # during warm-up the EMA copies the weights (as torchvision's recipe)
-        if device.type == "cuda":
-            step_end = torch.cuda.Event(enable_timing=True)
-            step_end.record()
-        loss = loss.detach()
-        loss_sum += loss
-        window_loss += loss
-        window_images += n
-        window_steps += 1
-        if step % args.print_freq == 0 or step == steps:
-            window_loss = window_loss.item()  # a sync point: after it, this window's CUDA events have happened
-            wait = sum(a.elapsed_time(b) for a, b in gaps) / 1000 if gaps else cpu_wait
-            loss_total, images_total, wait_total = all_reduce_sum([window_loss, window_images, wait], device)
-            now = time.perf_counter()
-            elapsed = now - window_start
-            record = {"type": "train", "epoch": epoch, "step": step, "steps": steps,
-                      "loss": loss_total / (window_steps * world_size), "lr": optimizer.param_groups[0]["lr"],
-                      "img_s": images_total / elapsed, "data_wait": 100 * wait_total / (elapsed * world_size)}
-            eta = (now - epoch_start) / (step - first_step) * (steps - step)
-            log(record, f"Epoch: [{epoch}/{args.epochs}] [{step:>{len(str(steps))}}/{steps}]  loss {record['loss']:.4f}  "
-                        f"lr {record['lr']:.5f}  img/s {record['img_s']:.1f}  data-wait {record['data_wait']:.1f}%  "
-                        f"eta {datetime.timedelta(seconds=round(eta))}")
-            window_loss, window_images, window_steps = torch.zeros((), device=device), 0, 0
-            cpu_wait, gaps = 0.0, []
-            window_start = time.perf_counter()
-        if save_mid_epoch is not None and args.checkpoint_every and step % args.checkpoint_every == 0 and step < steps:
-            save_mid_epoch(step)
-        fetch_start = time.perf_counter()
-    (loss_total,) = all_reduce_sum([loss_sum.item()], device)
-    return loss_total / max(1, (steps - first_step) * world_size)
-
-
-class DiceCELoss(nn.Module):
-    """Cross-entropy (BCE when binary) plus soft Dice over the foreground classes."""
-
-    def __init__(self, num_classes):
-        super().__init__()
-        self.num_classes = num_classes
-
-    def forward(self, logits, masks):
-        logits = logits.float()
-        if self.num_classes == 1:
-            target = masks.float()
-            ce = nn.functional.binary_cross_entropy_with_logits(logits, target)
-            probs = logits.sigmoid()
-        else:
-            target = nn.functional.one_hot(masks[:, 0], self.num_classes).permute(0, 3, 1, 2).float()
-            ce = nn.functional.cross_entropy(logits, masks[:, 0])
-            probs, target = logits.softmax(1)[:, 1:], target[:, 1:]
-        dims = (0, 2, 3)
-        dice = (2 * (probs * target).sum(dims) + 1) / (probs.sum(dims) + target.sum(dims) + 1)
-        return ce + 1 - dice.mean()
-
-
-def predict(logits, num_classes):
-    """Class index per pixel, (B, H, W)."""
-    return (logits[:, 0] > 0).long() if num_classes == 1 else logits.argmax(1)
-
-
-@torch.no_grad()
-def evaluate(model, batches, args, device):
-    """Dice and IoU in percent per class and their mean, over the whole validation set (all shards).
-
-    Counts are summed over every pixel of the set before dividing. Binary runs report the foreground
-    class; others report every class. Also returns the first batch's images, masks and predictions for
-    the overlay.
-    """
-    model.eval()
-    classes = [1] if args.num_classes == 1 else list(range(args.num_classes))
-    stats = torch.zeros(len(classes), 3, dtype=torch.float64, device=device)  # intersection, predicted, target
-    first = None
-    for images, masks in batches:
-        if images.shape[0] == 0:  # a shard one sample short of the others ends on an empty batch
-            continue
-        if args.channels_last:
-            images = images.contiguous(memory_format=torch.channels_last)
-        with autocast(args, device):
-            logits = model(images)
-        pred, target = predict(logits, args.num_classes), masks[:, 0]
-        for row, c in enumerate(classes):
-            p, t = pred == c, target == c
-            stats[row] += torch.stack([(p & t).sum(), p.sum(), t.sum()]).double()
-        if first is None:
-            first = (images[:4].float(), target[:4], pred[:4])
-    inter, npred, ntarget = torch.tensor(all_reduce_sum(stats.flatten().tolist(), device),
-                                         dtype=torch.float64).view(-1, 3).T
-    dice = (100 * 2 * inter / (npred + ntarget).clamp(min=1)).tolist()
-    iou = (100 * inter / (npred + ntarget - inter).clamp(min=1)).tolist()
-    metrics = {"val_dice": sum(dice) / len(dice), "val_iou": sum(iou) / len(iou),
-               "val_dice_per_class": dict(zip(map(str, classes), dice)),
-               "val_iou_per_class": dict(zip(map(str, classes), iou))}
-    return metrics, first
-
-
-def save_overlay(path, images, masks, preds, num_classes):
-    """A grid with one row per image: ground truth drawn on it, then the prediction."""
-    # Each image stretched to 0..255 on its own: right for any normalization and channel count.
-    low = images.amin(dim=(1, 2, 3), keepdim=True)
-    high = images.amax(dim=(1, 2, 3), keepdim=True)
-    images = (255 * (images - low) / (high - low).clamp(min=1e-6)).to(torch.uint8).expand(-1, 3, -1, -1).cpu()
-    classes = torch.arange(1, max(2, num_classes))[:, None, None]  # foreground classes; background stays bare
-    palette = ["#00ff00", "#ff00ff", "#00ffff", "#ffff00", "#ff8000", "#0080ff"]
-    colors = [palette[i % len(palette)] for i in range(len(classes))]
-    tiles = []
-    for image, mask, pred in zip(images, masks.cpu(), preds.cpu()):
-        for labels in (mask, pred):
-            tiles.append(draw_segmentation_masks(image, labels[None] == classes, alpha=0.45, colors=colors))
-    tmp = f"{path}.tmp-{os.getpid()}.png"
-    save_image(make_grid(tiles, nrow=2, padding=4).float() / 255, tmp)
-    os.replace(tmp, path)
-
-
-# ------------------------------------------------------------------------------------------
-# data
-# ------------------------------------------------------------------------------------------
-
-DEMO_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), ".cache", "demo-segment-v1")
-
-
-def prepared_root(data):
-    """--data as a prepared root (csv_file/ inside); demo data and PNG roots are prepared first."""
-    if data == "demo" or not os.path.isdir(os.path.join(data, "csv_file")):
-        from data_processing import make_demo_pngs, prepare  # needed only to build or convert a PNG set
-
-        if data == "demo":
-            make_demo_pngs(DEMO_DIR)
-            data = DEMO_DIR
-        elif not os.path.isdir(data):
-            raise UsageError(f"--data {data}: no such directory (expected a prepared root with csv_file/, "
-                             f"a PNG root with Images/ and Masks/, or --data demo)")
-        return prepare(data)
-    return data
-
-
-def check_mask_values(lbls, num_classes, workers):
-    """Every mask's largest value is a class index below --num-classes (at most 1 when binary)."""
-    limit = max(1, num_classes - 1)
-
-    def largest(path):
-        return int(np.load(path, mmap_mode="r").max())
-
-    with ThreadPoolExecutor(workers) as pool:
-        for path, value in zip(lbls, pool.map(largest, lbls)):
-            if value > limit:
-                expected = "0 or 1 (binary, --num-classes 1)" if num_classes == 1 else f"below --num-classes {num_classes}"
-                raise DataError(f"{path}: mask holds class {value}; expected values {expected}")
-
-
-def dali_batches(loader, device):
-    for batch in loader:
-        yield batch[0]["image"].to(device, non_blocking=True), batch[0]["mask"].long().to(device, non_blocking=True)
-
-
-def synthetic_batches(batch, steps):
-    """One batch already on the device, ``steps`` times: the model's own speed, the ceiling for any loader."""
-    for _ in range(steps):
-        yield batch
-
-
-# ------------------------------------------------------------------------------------------
-# model, optimizer, schedule
-# ------------------------------------------------------------------------------------------
+# model and loss ------------------------------------------------------------------------------------
 
 
 class UNet(nn.Module):
@@ -282,7 +123,6 @@ class UNet(nn.Module):
         def block(cin, cout):
             return nn.Sequential(nn.Conv2d(cin, cout, 3, padding=1, bias=False), nn.BatchNorm2d(cout), nn.ReLU(True),
                                  nn.Conv2d(cout, cout, 3, padding=1, bias=False), nn.BatchNorm2d(cout), nn.ReLU(True))
-
         self.down = nn.ModuleList([block(in_channels, chans[0])] + [block(a, b) for a, b in zip(chans, chans[1:])])
         self.up = nn.ModuleList([block(chans[i] + chans[i + 1], chans[i]) for i in reversed(range(4))])
         self.head = nn.Conv2d(chans[0], num_classes, 1)
@@ -301,8 +141,7 @@ class UNet(nn.Module):
 
 
 class TorchvisionSegmentation(nn.Module):
-    """A torchvision segmentation model returning its main output as a tensor; one-channel images are
-    repeated to the three channels its backbone takes."""
+    """A torchvision segmentation model's main output; one-channel images are repeated to its backbone's three."""
 
     def __init__(self, arch, num_classes):
         super().__init__()
@@ -316,9 +155,22 @@ ARCHS = ["unet", "lraspp_mobilenet_v3_large", "deeplabv3_mobilenet_v3_large", "d
 
 
 def make_model(args, in_channels):
-    if args.arch == "unet":
-        return UNet(in_channels, args.num_classes, args.unet_width)
-    return TorchvisionSegmentation(args.arch, args.num_classes)
+    return (UNet(in_channels, args.num_classes, args.unet_width) if args.arch == "unet"
+            else TorchvisionSegmentation(args.arch, args.num_classes))
+
+
+def dice_ce_loss(logits, masks, num_classes):
+    """Cross-entropy (BCE when binary) plus soft Dice over the foreground classes."""
+    logits = logits.float()
+    if num_classes == 1:
+        target = masks.float()
+        ce, probs = nn.functional.binary_cross_entropy_with_logits(logits, target), logits.sigmoid()
+    else:
+        target = nn.functional.one_hot(masks[:, 0], num_classes).permute(0, 3, 1, 2).float()[:, 1:]
+        ce, probs = nn.functional.cross_entropy(logits, masks[:, 0]), logits.softmax(1)[:, 1:]
+    dims = (0, 2, 3)
+    dice = (2 * (probs * target).sum(dims) + 1) / (probs.sum(dims) + target.sum(dims) + 1)
+    return ce + 1 - dice.mean()
 
 
 NORM_LAYERS = (torch.nn.modules.batchnorm._BatchNorm, torch.nn.GroupNorm, torch.nn.LayerNorm,
@@ -340,12 +192,8 @@ def make_optimizer(model, args, lr):
 
 
 def make_scheduler(optimizer, args, steps_per_epoch):
-    """The learning rate of every step (it changes each iteration, not each epoch).
-
-    Warm-up over --lr-warmup-epochs from --lr-warmup-decay x lr (linear ramp or constant), then: cosine
-    to --lr-min, step (x --lr-gamma every --lr-step-size epochs), or poly ((1 - t/T) ** 0.9, as torchvision's
-    segmentation reference).
-    """
+    """The lr of every step: warm-up over --lr-warmup-epochs from --lr-warmup-decay x lr (a linear ramp or constant),
+    then cosine to --lr-min, step (x --lr-gamma every --lr-step-size epochs), or poly ((1 - t/T) ** 0.9)."""
     warmup = int(args.lr_warmup_epochs * steps_per_epoch)
     total = args.epochs * steps_per_epoch
     min_factor = args.lr_min / optimizer.param_groups[0]["lr"]
@@ -364,40 +212,379 @@ def make_scheduler(optimizer, args, steps_per_epoch):
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
-# ------------------------------------------------------------------------------------------
-# output folder and checkpoints
-# ------------------------------------------------------------------------------------------
+# train and evaluate --------------------------------------------------------------------------------
 
 
-def open_output_dir(args):
-    """The run's folder, created and locked: --output-dir, the --resume checkpoint's folder, or a fresh
-    runs/segment/expN. A folder holding another run's checkpoint is refused unless --overwrite; a folder
-    another run is writing to is refused. Returns (folder, lock file kept open for the run's life)."""
-    out = args.output_dir
-    if out is None and args.resume and not args.evaluate:
-        out = os.path.dirname(os.path.abspath(args.resume))
-    if out is None:
-        os.makedirs(RUNS_DIR, exist_ok=True)
-        n = 1 + max([int(d[3:]) for d in os.listdir(RUNS_DIR) if d.startswith("exp") and d[3:].isdigit()], default=0)
-        while True:  # mkdir is atomic: two runs starting at once get two folders
-            out = os.path.join(RUNS_DIR, f"exp{n}")
-            try:
-                os.mkdir(out)
-                break
-            except FileExistsError:
-                n += 1
+def train_one_epoch(model, criterion, optimizer, scheduler, scaler, batches, epoch, first_step, steps, args, device,
+                    log, model_ema=None, save_mid_epoch=None):
+    """Steps ``first_step + 1 .. steps`` of one epoch; returns their mean loss over all processes. Every --print-freq
+    steps a line gives loss, lr, img/s, data wait and ETA: the only sync points (``.item()``, the all-reduce)."""
+    model.train()
+    world_size = dist.get_world_size() if dist.is_initialized() else 1
+    loss_sum = torch.zeros((), device=device)
+    window_loss, window_images, window_steps = torch.zeros((), device=device), 0, 0
+    # Data wait: on the CPU, the wall time blocked in next(). On a GPU the CPU runs ahead, so time blocked in
+    # next() also covers waiting for the GPU itself; there two CUDA events per step time the gap on the GPU
+    # between the end of one step and the start of the next, read at the logging sync point.
+    cpu_wait, gaps, step_end = 0.0, [], None
+    epoch_start = window_start = fetch_start = time.perf_counter()
+    for step, (images, targets) in enumerate(batches, first_step + 1):
+        if device.type != "cuda":
+            cpu_wait += time.perf_counter() - fetch_start
+        elif step_end is not None:
+            start = torch.cuda.Event(enable_timing=True)
+            start.record()
+            gaps.append((step_end, start))
+        if args.channels_last:
+            images = images.contiguous(memory_format=torch.channels_last)
+        with autocast(args, device):
+            loss = criterion(model(images), targets)
+        optimizer.zero_grad(set_to_none=True)
+        scaler.scale(loss).backward()
+        if args.clip_grad_norm:
+            scaler.unscale_(optimizer)  # clip the true gradients, not fp16's scaled ones
+            torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip_grad_norm)
+        scaler.step(optimizer)
+        scaler.update()
+        scheduler.step()
+        if model_ema is not None and step % args.model_ema_steps == 0:
+            model_ema.update_parameters(model)
+            if epoch <= args.lr_warmup_epochs:
+                model_ema.n_averaged.fill_(0)  # during warm-up the EMA copies the weights (as torchvision's recipe)
+        if device.type == "cuda":
+            step_end = torch.cuda.Event(enable_timing=True)
+            step_end.record()
+        loss_sum, window_loss = loss_sum + loss.detach(), window_loss + loss.detach()
+        window_images, window_steps = window_images + len(targets), window_steps + 1
+        if step % args.print_freq == 0 or step == steps:
+            window_loss = window_loss.item()  # a sync point: after it, this window's CUDA events have happened
+            wait = sum(a.elapsed_time(b) for a, b in gaps) / 1000 if gaps else cpu_wait
+            loss_total, images_total, wait_total = all_reduce_sum([window_loss, window_images, wait], device)
+            now = time.perf_counter()
+            elapsed = now - window_start
+            record = {"type": "train", "epoch": epoch, "step": step, "steps": steps,
+                      "loss": loss_total / (window_steps * world_size), "lr": optimizer.param_groups[0]["lr"],
+                      "img_s": images_total / elapsed, "data_wait": 100 * wait_total / (elapsed * world_size)}
+            eta = (now - epoch_start) / (step - first_step) * (steps - step)
+            log(record, f"Epoch: [{epoch}/{args.epochs}] [{step:>{len(str(steps))}}/{steps}]  "
+                        f"loss {record['loss']:.4f}  lr {record['lr']:.5f}  img/s {record['img_s']:.1f}  "
+                        f"data-wait {record['data_wait']:.1f}%  eta {datetime.timedelta(seconds=round(eta))}")
+            window_loss, window_images, window_steps, cpu_wait, gaps = torch.zeros((), device=device), 0, 0, 0.0, []
+            window_start = time.perf_counter()
+        if save_mid_epoch is not None and args.checkpoint_every and step % args.checkpoint_every == 0 and step < steps:
+            save_mid_epoch(step)
+        fetch_start = time.perf_counter()
+    (loss_total,) = all_reduce_sum([loss_sum.item()], device)
+    return loss_total / max(1, (steps - first_step) * world_size)
+
+
+@torch.no_grad()
+def evaluate(model, batches, args, device):
+    """Dice and IoU in percent per class and their mean, from the pixel counts of the whole validation set (all
+    shards); also the first batch's images, masks and predictions, for the overlay."""
+    model.eval()
+    n = max(2, args.num_classes)
+    confusion, first = torch.zeros(n * n, dtype=torch.float64, device=device), None  # (true class, predicted class)
+    for images, masks in batches:
+        if images.shape[0] == 0:  # a shard one sample short of the others ends on an empty batch
+            continue
+        if args.channels_last:
+            images = images.contiguous(memory_format=torch.channels_last)
+        with autocast(args, device):
+            logits = model(images)
+        pred, target = (logits[:, 0] > 0).long() if args.num_classes == 1 else logits.argmax(1), masks[:, 0]
+        confusion += torch.bincount((target * n + pred).flatten(), minlength=n * n).double()
+        if first is None:
+            first = (images[:4].float(), target[:4], pred[:4])
+    confusion = torch.tensor(all_reduce_sum(confusion.tolist(), device), dtype=torch.float64).view(n, n)
+    classes = [1] if args.num_classes == 1 else list(range(n))  # binary runs report the foreground only
+    inter, npred, ntarget = confusion.diag()[classes], confusion.sum(0)[classes], confusion.sum(1)[classes]
+    dice = (100 * 2 * inter / (npred + ntarget).clamp(min=1)).tolist()
+    iou = (100 * inter / (npred + ntarget - inter).clamp(min=1)).tolist()
+    return {"val_dice": sum(dice) / len(dice), "val_iou": sum(iou) / len(iou),
+            "val_dice_per_class": dict(zip(map(str, classes), dice)),
+            "val_iou_per_class": dict(zip(map(str, classes), iou))}, first
+
+
+def describe(metrics):
+    return f"Dice {metrics['val_dice']:.3f} IoU {metrics['val_iou']:.3f}"
+
+
+def main(args):
+    ddp = setup_distributed(args)  # torchrun's RANK, LOCAL_RANK and WORLD_SIZE; this process's device
+    device = ddp.device
+    ckpt = load_checkpoint(args.resume) if args.resume else None
+    locate_data(args, ddp)  # builds the demo set or prepares a PNG root, or checks --data
+    run_dir, log = open_run(args, ddp)  # the run's own folder, locked; log() prints and appends to metrics.jsonl
+    data = build_data(args, ddp, ckpt, log)  # DALI pipelines and iterators over this process's shard
+    model, model_without_ddp, model_ema = build_model(args, ddp, data.channels)
+    criterion = functools.partial(dice_ce_loss, num_classes=args.num_classes)
+    optimizer, scheduler, scaler = build_optimizer(args, ddp, model_without_ddp, data.steps, log)
+    state = {"model": model_without_ddp, "model_ema": model_ema, "optimizer": optimizer, "scheduler": scheduler,
+             "scaler": scaler}  # what a checkpoint holds beside the run's position
+    start_epoch, first_step, best = resume(ckpt, args, ddp, state, data.steps, log)
+
+    if args.evaluate:
+        metrics, _ = evaluate(model_ema if model_ema is not None else model_without_ddp, data.val_batches(), args, device)
+        log({"type": "eval", **metrics, "ema": model_ema is not None},
+            f"Test{' (EMA)' if model_ema is not None else ''}: {describe(metrics)}")
+        return
+    for _ in data.val_batches():  # read the validation set once now, so a bad file costs seconds, not an epoch
+        pass
+
+    def save(epoch, step, is_best=False):
+        save_checkpoint(run_dir, state, data, args, ddp, epoch=epoch, step=step, best=best, is_best=is_best, log=log)
+
+    for epoch in range(start_epoch, args.epochs + 1):
+        start = time.perf_counter()
+        train_loss = train_one_epoch(model, criterion, optimizer, scheduler, scaler, data.train_batches(first_step),
+                                     epoch, first_step, data.steps, args, device, log, model_ema,
+                                     save_mid_epoch=lambda step: save(epoch, step))
+        first_step = 0
+        broadcast_buffers(*[m for m in (model_without_ddp, model_ema) if m is not None])
+        metrics, first = evaluate(model_without_ddp, data.val_batches(), args, device)
+        record, line = {"type": "epoch", "epoch": epoch, "train_loss": train_loss, **metrics}, describe(metrics)
+        if model_ema is not None:
+            ema_metrics, _ = evaluate(model_ema, data.val_batches(), args, device)
+            record.update({f"ema_{k}": v for k, v in ema_metrics.items()})
+            line += f"  EMA {describe(ema_metrics)}"
+        is_best, best = metrics["val_dice"] > best, max(metrics["val_dice"], best)
+        save(epoch, data.steps, is_best)
+        if ddp.master:
+            save_overlay(os.path.join(run_dir, f"val_epoch{epoch:03d}.png"), *first, args.num_classes)
+        record["epoch_time"] = time.perf_counter() - start
+        log(record, f"Epoch {epoch}: val {line}  train loss {train_loss:.4f}  time {record['epoch_time']:.1f}s")
+
+
+# ==========================================================================================
+# Plumbing: processes and devices, data, run folder, checkpoints. main() above is the plan of a run.
+# ==========================================================================================
+
+
+class UsageError(Exception):
+    """A flag, file or condition the run cannot go on with: one `error:` line, exit status 2."""
+
+
+def number(kind, allowed, ok):
+    """An argparse type: a ``kind`` value for which ``ok(value)`` holds, else the error 'must be <allowed>'."""
+    def parse(text):
+        value = kind(text)  # a ValueError is argparse's "invalid int value: 'x'"
+        if not ok(value):
+            raise argparse.ArgumentTypeError(f"must be {allowed}, got {text}")
+        return value
+    parse.__name__ = kind.__name__
+    return parse
+
+
+at_least_1, at_least_0 = number(int, "at least 1", lambda v: v >= 1), number(int, "at least 0", lambda v: v >= 0)
+positive, non_negative = number(float, "> 0", lambda v: v > 0), number(float, ">= 0", lambda v: v >= 0)
+probability = number(float, "in [0, 1]", lambda v: 0 <= v <= 1)
+below_one = number(float, "in [0, 1)", lambda v: 0 <= v < 1)
+
+
+def setup_distributed(args):
+    """torchrun's process group (NCCL on GPUs, gloo on CPUs); this process's place in it, device and switches."""
+    rank, local_rank, world_size = (int(os.environ.get(k, d)) for k, d in (("RANK", 0), ("LOCAL_RANK", 0), ("WORLD_SIZE", 1)))
+    ddp = SimpleNamespace(active="RANK" in os.environ, rank=rank, local_rank=local_rank, world_size=world_size,
+                          master=rank == 0, device=torch.device("cuda", local_rank) if torch.cuda.is_available() else
+                          torch.device("cpu"))  # master: the one process that writes logs and checkpoints
+    if ddp.device.type == "cuda":
+        if local_rank >= torch.cuda.device_count():
+            raise UsageError(f"LOCAL_RANK {local_rank}: this machine shows {torch.cuda.device_count()} CUDA device(s) "
+                             f"and each process needs one; start at most that many (torchrun --nproc_per_node), or "
+                             f"hide them (CUDA_VISIBLE_DEVICES=) to train on the CPU")
+        torch.cuda.set_device(ddp.device)
+        torch.backends.cudnn.benchmark = True  # fixed input sizes: cuDNN times its kernels once and keeps the fastest
+        # Training kernels get the higher stream priority, so DALI's kernels, on DALI's own streams, fill the gaps.
+        torch.cuda.set_stream(torch.cuda.Stream(ddp.device, priority=-1))
+    args.dali_device = args.dali_device or ("gpu" if ddp.device.type == "cuda" else "cpu")
+    if args.dali_device == "gpu" and ddp.device.type != "cuda":
+        raise UsageError("--dali-device gpu: no CUDA device is visible; use --dali-device cpu")
+    if args.sync_bn and ddp.device.type != "cuda" and not args.evaluate:
+        raise UsageError("--sync-bn: SyncBatchNorm trains on CUDA devices only")
+    if ddp.active:
+        dist.init_process_group("nccl" if ddp.device.type == "cuda" else "gloo",
+                                device_id=ddp.device if ddp.device.type == "cuda" else None)
+    return ddp
+
+
+def all_reduce_sum(values, device):
+    """Sum floats over all processes (a host-device sync point: call it rarely)."""
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    if dist.is_initialized():
+        dist.all_reduce(t)
+    return t.tolist()
+
+
+def broadcast_buffers(*models):
+    """Rank 0's buffers (BatchNorm statistics) to all: DDP copies them only as a forward pass starts."""
+    if dist.is_initialized():
+        for model in models:
+            for buffer in model.buffers():
+                dist.broadcast(buffer, 0)
+
+
+def autocast(args, device):
+    return torch.autocast(device.type, dtype=torch.bfloat16 if args.amp == "bf16" else torch.float16,
+                          enabled=args.amp != "none")
+
+
+def build_model(args, ddp, in_channels):
+    """(the model to train, DDP-wrapped and compiled as asked; the plain model, which is saved; its EMA or None)."""
+    torch.manual_seed(args.seed)
+    model = make_model(args, in_channels)
+    if args.sync_bn and ddp.active:
+        model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)  # batch statistics over all GPUs
+    model = model.to(ddp.device, memory_format=torch.channels_last if args.channels_last else torch.preserve_format)
+    model_without_ddp, model_ema = model, None  # the plain model's forward passes need no collective
+    if ddp.active:
+        model = torch.nn.parallel.DistributedDataParallel(
+            model, device_ids=[ddp.local_rank] if ddp.device.type == "cuda" else None)
+    if args.model_ema:
+        # torchvision's recipe: the decay is set for a reference of 1024 images per EMA update over the run.
+        alpha = min(1.0, (1.0 - args.model_ema_decay) * ddp.world_size * args.batch_size * args.model_ema_steps
+                    / args.epochs)
+        model_ema = torch.optim.swa_utils.AveragedModel(
+            model_without_ddp, device=ddp.device, use_buffers=True,
+            multi_avg_fn=torch.optim.swa_utils.get_ema_multi_avg_fn(1.0 - alpha))
+    return torch.compile(model) if args.compile else model, model_without_ddp, model_ema
+
+
+def build_optimizer(args, ddp, model_without_ddp, steps, log):
+    lr = args.lr * args.batch_size * ddp.world_size / 256  # --lr is for a global batch of 256
+    optimizer = make_optimizer(model_without_ddp, args, lr)
+    # fp16 gradients underflow without loss scaling; bf16 has fp32's range and needs none.
+    scaler = torch.amp.GradScaler(ddp.device.type, enabled=args.amp == "fp16")
+    log({"type": "config", "args": vars(args)},
+        f"{args.arch}: world size {ddp.world_size}, batch {args.batch_size} per process, global batch "
+        f"{args.batch_size * ddp.world_size}, {steps} steps per epoch, lr {lr:.5f} (--lr {args.lr} x global "
+        f"batch / 256), {args.opt}, {args.lr_scheduler} schedule, model on {ddp.device}, DALI on {args.dali_device}")
+    return optimizer, make_scheduler(optimizer, args, steps), scaler
+
+
+# data ------------------------------------------------------------------------------------------
+
+
+def locate_data(args, ddp):
+    """--data as a prepared root (csv_file/ inside): the demo set and PNG roots are prepared first, once per node."""
+    if args.data != "demo" and not os.path.isdir(args.data):
+        raise UsageError(f"--data {args.data}: no such directory (expected a prepared root with csv_file/, "
+                         f"a PNG root with Images/ and Masks/, or --data demo)")
+    if args.data == "demo" or not os.path.isdir(os.path.join(args.data, "csv_file")):
+        from data_processing import make_demo_pngs, prepare  # needed only to build or convert a PNG set
+        root = DEMO_DIR if args.data == "demo" else args.data
+        if ddp.local_rank == 0:  # one process per node builds or converts the data, the others wait at the barrier
+            if root == DEMO_DIR:
+                make_demo_pngs(root)
+            args.data = prepare(root)
+        if ddp.active:
+            dist.barrier()
+            args.data = prepare(root)  # finds what the first one made
+
+
+def build_data(args, ddp, ckpt, log):
+    """The pipelines (DALI shard RANK of WORLD_SIZE, on GPU LOCAL_RANK or all on the CPU), their iterators, and what
+    the run needs to know of the data; checks the masks' values, and that a --resume checkpoint fits the data."""
+    dali_state = ckpt.get("dali") if ckpt and not args.evaluate else None
+    splits = {split: read_split(args.data, split) for split in ("train", "valid")}
+    pipeline_args = dict(num_threads=args.workers, device_id=ddp.local_rank if args.dali_device == "gpu" else None,
+                         size=(args.size, args.size), shard_id=ddp.rank, num_shards=ddp.world_size,
+                         seed=args.seed + ddp.rank)
+    # Checkpointing the train pipeline (reader position, random states) costs nothing until asked for.
+    train_pipe = fetch_dali_loader(*splits["train"], args.batch_size, "train", enable_checkpointing=True,
+                                   checkpoint=dali_state[ddp.rank] if dali_state else None, **pipeline_args)
+    val_pipe = fetch_dali_loader(*splits["valid"], args.batch_size, "eval", **pipeline_args)
+    for _, lbls in splits.values():  # each process reads its share of the masks: a class index beyond the model's?
+        if found := first_mask_above(lbls[ddp.rank::ddp.world_size], max(1, args.num_classes - 1), args.workers):
+            raise DataError(f"{found[0]}: mask holds class {found[1]}; expected values " + (
+                "0 or 1 (binary, --num-classes 1)" if args.num_classes == 1 else f"below --num-classes {args.num_classes}"))
+    classes, num_samples = [str(k) for k in range(args.num_classes)], len(splits["train"][0])
+    if ckpt:
+        check_resumable(ckpt, args, classes, num_samples, ddp.world_size)
+    train_loader, val_loader = segment_iterator(train_pipe), segment_iterator(val_pipe)
+    steps = len(train_loader)  # the same on every process: every shard runs as many full batches
+    log({"type": "start", "output_dir": log.run_dir, "data": args.data, "train_samples": num_samples,
+         "val_samples": len(splits["valid"][0]), "channels": train_pipe.channels},
+        (f"run folder {log.run_dir}; " if log.run_dir else "") + f"data {args.data}: {num_samples} train and "
+        f"{len(splits['valid'][0])} val pairs, {train_pipe.channels}-channel images")
+
+    def train_batches(first_step):
+        if args.loader == "dali":
+            return dali_batches(train_loader, ddp.device)
+        batch = (torch.randn(args.batch_size, train_pipe.channels, args.size, args.size, device=ddp.device),
+                 torch.randint(0, max(2, args.num_classes), (args.batch_size, 1, args.size, args.size), device=ddp.device))
+        return [batch] * (steps - first_step)  # one batch already on the device: the ceiling for any loader
+
+    return SimpleNamespace(train_loader=train_loader, steps=steps, classes=classes, channels=train_pipe.channels,
+                           num_samples=num_samples, train_batches=train_batches,
+                           val_batches=lambda: dali_batches(val_loader, ddp.device))
+
+
+def dali_batches(loader, device):
+    for batch in loader:
+        yield batch[0]["image"].to(device, non_blocking=True), batch[0]["mask"].long().to(device, non_blocking=True)
+
+
+DEMO_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), ".cache", "demo-segment-v1")
+
+
+def save_overlay(path, images, masks, preds, num_classes):
+    """A grid with one row per image: ground truth drawn on it, then the prediction."""
+    # Each image stretched to 0..255 on its own: right for any normalization and channel count.
+    low, high = images.amin(dim=(1, 2, 3), keepdim=True), images.amax(dim=(1, 2, 3), keepdim=True)
+    images = (255 * (images - low) / (high - low).clamp(min=1e-6)).to(torch.uint8).expand(-1, 3, -1, -1).cpu()
+    classes = torch.arange(1, max(2, num_classes))[:, None, None]  # foreground classes; background stays bare
+    palette = ["#00ff00", "#ff00ff", "#00ffff", "#ffff00", "#ff8000", "#0080ff"]
+    colors = [palette[i % len(palette)] for i in range(len(classes))]
+    tiles = [draw_segmentation_masks(image, labels[None] == classes, alpha=0.45, colors=colors)
+             for image, mask, pred in zip(images, masks.cpu(), preds.cpu()) for labels in (mask, pred)]
+    tmp = f"{path}.tmp-{os.getpid()}.png"
+    save_image(make_grid(tiles, nrow=2, padding=4).float() / 255, tmp)
+    os.replace(tmp, path)
+
+
+# run folder and checkpoints ---------------------------------------------------------------------
+
+
+def open_run(args, ddp):
+    """(the run's folder, ``log(record, line)``: on the main process, print the line, append the record to metrics)."""
+    run_dir = None
+    if ddp.master and (args.output_dir or not args.evaluate):
+        run_dir = args.output_dir or (os.path.dirname(os.path.abspath(args.resume)) if args.resume else None)
+        if run_dir is None:
+            os.makedirs(RUNS_DIR, exist_ok=True)
+            n = 1 + max([int(d[3:]) for d in os.listdir(RUNS_DIR) if d[:3] == "exp" and d[3:].isdigit()], default=0)
+        while run_dir is None:  # mkdir is atomic: two runs starting at once get two folders
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(os.path.join(RUNS_DIR, f"exp{n}"))
+                run_dir = os.path.join(RUNS_DIR, f"exp{n}")
+            n += 1
+        lock_run_dir(run_dir, args)
+
+    def log(record, line):
+        if ddp.master:
+            print(line, flush=True)
+            if run_dir:
+                with open(os.path.join(run_dir, "metrics.jsonl"), "a") as f:
+                    f.write(json.dumps(record) + "\n")
+
+    log.run_dir = run_dir
+    return run_dir, log
+
+
+def lock_run_dir(out, args):
+    """The run's folder, created and locked: not one another run writes to, nor, without --overwrite, another's."""
     if os.path.exists(out) and not os.path.isdir(out):
         raise UsageError(f"--output-dir {out}: is a file, not a folder")
     try:
         os.makedirs(out, exist_ok=True)
-        lock = open(os.path.join(out, ".lock"), "w")
-    except OSError as e:
-        raise UsageError(f"--output-dir {out}: cannot write there ({e.strerror})") from None
-    try:
+        lock = os.open(os.path.join(out, ".lock"), os.O_WRONLY | os.O_CREAT, 0o644)  # open until the process ends
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # released by the OS when the process ends, however it ends
     except BlockingIOError:
-        raise UsageError(f"--output-dir {out}: another run is writing to it ({lock.name} is locked); "
-                         f"wait for it or pick another --output-dir") from None
+        raise UsageError(f"--output-dir {out}: another run is writing to it ({os.path.join(out, '.lock')} is "
+                         f"locked); wait for it or pick another --output-dir") from None
+    except OSError as e:
+        raise UsageError(f"--output-dir {out}: cannot write there ({e.strerror})") from None
     continuing = args.resume and os.path.dirname(os.path.abspath(args.resume)) == os.path.abspath(out)
     previous = [f for f in ("checkpoint.pth", "best.pth") if os.path.exists(os.path.join(out, f))]
     if previous and not args.evaluate and not continuing and not args.overwrite:
@@ -408,20 +595,32 @@ def open_output_dir(args):
     for name in os.listdir(out):  # what a killed save left behind; the lock says no other run is saving here
         if ".pth.tmp-" in name:
             os.remove(os.path.join(out, name))
-    return out, lock
 
 
-def save_atomic(state, path):
-    """torch.save to a temporary file, then rename: the previous file stays whole if saving fails or is killed."""
-    tmp = f"{path}.tmp-{os.getpid()}"
-    try:
-        torch.save(state, tmp)
-        os.replace(tmp, path)
-    except (OSError, RuntimeError) as e:  # torch reports a full disk as a RuntimeError
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        why = e.strerror if isinstance(e, OSError) and e.strerror else str(e).strip().splitlines()[-1]
-        raise UsageError(f"{path}: could not save the checkpoint ({why}); the previous one is kept") from None
+def save_checkpoint(run_dir, state, data, args, ddp, *, epoch, step, best, is_best, log):
+    """checkpoint.pth (and best.pth): ``state``'s state dicts, the position, every process's DALI and random state."""
+    states = [(data.train_loader.checkpoints()[0], torch.get_rng_state())]  # this process's DALI and random state
+    if dist.is_initialized():
+        states, mine = [None] * ddp.world_size if ddp.master else None, states[0]
+        dist.gather_object(mine, states, dst=0)
+    if not ddp.master:
+        return
+    dali, rng = (list(s) for s in zip(*states))
+    ckpt = {name: obj.state_dict() if obj is not None else None for name, obj in state.items()}
+    ckpt.update(epoch=epoch, step=step, args=vars(args), best=best, classes=data.classes, rng=rng,
+                num_samples=data.num_samples, world_size=ddp.world_size, dali=dali if args.loader == "dali" else None)
+    for name in ("checkpoint.pth", "best.pth") if is_best else ("checkpoint.pth",):
+        path, tmp = os.path.join(run_dir, name), os.path.join(run_dir, f"{name}.tmp-{os.getpid()}")
+        try:  # a temporary file, then a rename: the previous file stays whole if saving fails or is killed
+            torch.save(ckpt, tmp)
+            os.replace(tmp, path)
+        except (OSError, RuntimeError) as e:  # torch reports a full disk as a RuntimeError
+            if os.path.exists(tmp):
+                os.remove(tmp)
+            why = e.strerror if isinstance(e, OSError) and e.strerror else str(e).strip().splitlines()[-1]
+            raise UsageError(f"{path}: could not save the checkpoint ({why}); the previous one is kept") from None
+    if step < data.steps:
+        log({"type": "checkpoint", "epoch": epoch, "step": step}, f"saved checkpoint.pth at epoch {epoch} step {step}")
 
 
 def load_checkpoint(path):
@@ -448,313 +647,54 @@ def check_resumable(ckpt, args, classes, num_samples, world_size):
         detail = (f"class {first} is {a[first]!r} there and {b[first]!r} in --data" if first is not None
                   else f"{len(a)} classes there, {len(b)} in --data")
         raise UsageError(f"{where}: trained on other classes ({detail})")
-    if args.evaluate:
-        return
-    if (ckpt["world_size"], saved["batch_size"], ckpt["num_samples"]) != (world_size, args.batch_size, num_samples):
+    if not args.evaluate and (ckpt["world_size"], saved["batch_size"], ckpt["num_samples"]) != (
+            world_size, args.batch_size, num_samples):
         raise UsageError(f"{where}: taken with {ckpt['world_size']} process(es) x batch {saved['batch_size']} on "
                          f"{ckpt['num_samples']} training samples, this run has {world_size} x {args.batch_size} on "
                          f"{num_samples}; resume with the same, so the remaining steps and samples are the same")
 
 
-def gather_to_master(obj):
-    """Every process's ``obj`` as a list on the main process (None elsewhere)."""
-    if not dist.is_initialized():
-        return [obj]
-    out = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
-    dist.gather_object(obj, out, dst=0)
-    return out
-
-
-# ------------------------------------------------------------------------------------------
-# main
-# ------------------------------------------------------------------------------------------
-
-RUNS_DIR = "runs/segment"
-
-
-def main(args):
-    for flag, ok, allowed in (
-            ("--epochs", args.epochs >= 1, "at least 1"), ("--batch-size", args.batch_size >= 1, "at least 1"),
-            ("--workers", args.workers >= 1, "at least 1"), ("--print-freq", args.print_freq >= 1, "at least 1"),
-            ("--lr", args.lr > 0, "> 0"), ("--wd", args.wd >= 0, ">= 0"), ("--momentum", 0 <= args.momentum < 1, "in [0, 1)"),
-            ("--num-classes", args.num_classes >= 1, "at least 1 (1 = binary)"),
-            ("--size", args.size >= 32 and args.size % 32 == 0, "a multiple of 32 (the models down-sample by up to 32)"),
-            ("--clip-grad-norm", args.clip_grad_norm >= 0, ">= 0"), ("--lr-warmup-epochs", args.lr_warmup_epochs >= 0, ">= 0"),
-            ("--lr-step-size", args.lr_step_size >= 1, "at least 1"), ("--model-ema-steps", args.model_ema_steps >= 1, "at least 1"),
-            ("--model-ema-decay", 0 < args.model_ema_decay < 1, "in (0, 1)"),
-            ("--checkpoint-every", args.checkpoint_every >= 0, ">= 0")):
-        if not ok:
-            raise UsageError(f"{flag} must be {allowed}, got {getattr(args, flag[2:].replace('-', '_'))}")
-    if args.batch_size < 2 and not args.evaluate:
-        raise UsageError("--batch-size must be at least 2 for training (BatchNorm needs more than one sample)")
-
-    # distributed: torchrun sets RANK (global), LOCAL_RANK (GPU on this node) and WORLD_SIZE
-    ddp = int(os.environ.get("RANK", -1)) != -1
-    ddp_rank, ddp_local_rank = int(os.environ.get("RANK", 0)), int(os.environ.get("LOCAL_RANK", 0))
-    ddp_world_size = int(os.environ.get("WORLD_SIZE", 1))
-    master_process = ddp_rank == 0  # the one process that writes logs and checkpoints
-    device = torch.device("cuda", ddp_local_rank) if torch.cuda.is_available() else torch.device("cpu")
-    if device.type == "cuda" and ddp_local_rank >= torch.cuda.device_count():
-        raise UsageError(f"LOCAL_RANK {ddp_local_rank}: this machine shows {torch.cuda.device_count()} CUDA device(s) and "
-                         f"each process needs one; start at most that many (torchrun --nproc_per_node), or hide them "
-                         f"(CUDA_VISIBLE_DEVICES=) to train on the CPU")
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-        torch.backends.cudnn.benchmark = True  # fixed input sizes: cuDNN times its kernels once and keeps the fastest
-        # Training kernels get the higher stream priority, so DALI's decoding and augmentation kernels, on
-        # DALI's own streams, fill the gaps instead of delaying the steps.
-        torch.cuda.set_stream(torch.cuda.Stream(device, priority=-1))
-    if args.dali_device is None:
-        args.dali_device = "gpu" if device.type == "cuda" else "cpu"
-    if args.dali_device == "gpu" and device.type != "cuda":
-        raise UsageError("--dali-device gpu: no CUDA device is visible; use --dali-device cpu")
-    if args.sync_bn and device.type != "cuda" and not args.evaluate:
-        raise UsageError("--sync-bn: SyncBatchNorm trains on CUDA devices only")
-    if ddp:
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
-                                device_id=device if device.type == "cuda" else None)
-
-    ckpt = load_checkpoint(args.resume) if args.resume else None
-    if ddp_local_rank == 0:  # one process per node builds or converts the data, the others wait at the barrier
-        args.data = prepared_root(args.data)
-    if ddp:
-        dist.barrier()
-        args.data = prepared_root(DEMO_DIR if args.data == "demo" else args.data)  # finds what the first one made
-    splits = {split: read_split(args.data, split) for split in ("train", "valid")}
-
-    # the lock file stays open, and so locked, until this process ends
-    output_dir, lock = open_output_dir(args) if master_process and (args.output_dir or not args.evaluate) \
-        else (None, None)
-
-    def log(record, line):
-        if master_process:
-            print(line, flush=True)
-            if output_dir:
-                with open(os.path.join(output_dir, "metrics.jsonl"), "a") as f:
-                    f.write(json.dumps(record) + "\n")
-
-    # data: DALI shard RANK of WORLD_SIZE on GPU LOCAL_RANK (None: every DALI operator on the CPU)
-    dali_state = ckpt.get("dali") if ckpt and not args.evaluate else None
-    common = dict(num_threads=args.workers, device_id=ddp_local_rank if args.dali_device == "gpu" else None,
-                  size=(args.size, args.size), shard_id=ddp_rank, num_shards=ddp_world_size, seed=args.seed + ddp_rank)
-    # Checkpointing the train pipeline (reader position, random states) costs nothing until asked for.
-    train_pipe = fetch_dali_loader(*splits["train"], args.batch_size, "train", enable_checkpointing=True,
-                                   checkpoint=dali_state[ddp_rank] if dali_state else None, **common)
-    val_pipe = fetch_dali_loader(*splits["valid"], args.batch_size, "eval", **common)
-    for imgs, lbls in splits.values():  # each process checks its share of the masks
-        check_mask_values(lbls[ddp_rank::ddp_world_size], args.num_classes, args.workers)
-    classes = [str(k) for k in range(args.num_classes)]
-    num_samples = len(splits["train"][0])
-    if ckpt:
-        check_resumable(ckpt, args, classes, num_samples, ddp_world_size)
-    train_loader, val_loader = segment_iterator(train_pipe), segment_iterator(val_pipe)
-    steps = len(train_loader)  # the same on every process: every shard runs as many full batches
-    log({"type": "start", "output_dir": output_dir, "data": args.data, "train_samples": num_samples,
-         "val_samples": len(splits["valid"][0]), "channels": train_pipe.channels},
-        (f"run folder {output_dir}; " if output_dir else "") + f"data {args.data}: {num_samples} train and "
-        f"{len(splits['valid'][0])} val pairs, {train_pipe.channels}-channel images")
-
-    torch.manual_seed(args.seed)
-    model = make_model(args, train_pipe.channels)
-    if args.sync_bn and ddp:
-        model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)  # batch statistics over all GPUs
-    model = model.to(device)
-    if args.channels_last:
-        model = model.to(memory_format=torch.channels_last)
-    model_without_ddp = model  # what is saved and evaluated: its forward passes need no collective
-    if ddp:
-        model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[ddp_local_rank] if device.type == "cuda" else None)
-    model_ema = None
-    if args.model_ema:
-        # torchvision's recipe: the decay is set for a reference of 1024 images per EMA update over the run.
-        adjust = ddp_world_size * args.batch_size * args.model_ema_steps / args.epochs
-        alpha = min(1.0, (1.0 - args.model_ema_decay) * adjust)
-        model_ema = torch.optim.swa_utils.AveragedModel(
-            model_without_ddp, device=device, multi_avg_fn=torch.optim.swa_utils.get_ema_multi_avg_fn(1.0 - alpha),
-            use_buffers=True)
-    if args.compile:
-        model = torch.compile(model)
-    criterion = DiceCELoss(args.num_classes)
-    lr = args.lr * args.batch_size * ddp_world_size / 256  # --lr is for a global batch of 256
-    optimizer = make_optimizer(model_without_ddp, args, lr)
-    scheduler = make_scheduler(optimizer, args, steps)
-    # fp16 gradients underflow without loss scaling; bf16 has fp32's range and needs none.
-    scaler = torch.amp.GradScaler(device.type, enabled=args.amp == "fp16")
-    log({"type": "config", "args": vars(args)},
-        f"{args.arch}: world size {ddp_world_size}, batch {args.batch_size} per process, global batch "
-        f"{args.batch_size * ddp_world_size}, {steps} steps per epoch, lr {lr:.5f} (--lr {args.lr} x global "
-        f"batch / 256), {args.opt}, {args.lr_scheduler} schedule, model on {device}, DALI on {args.dali_device}")
-
-    start_epoch, first_step, best = 1, 0, -math.inf
-    if ckpt:
+def resume(ckpt, args, ddp, state, steps, log):
+    """(first epoch, steps of it already done, best score so far), from the checkpoint into ``state``'s objects."""
+    if not ckpt:
+        return 1, 0, -math.inf
+    if state["model_ema"] is not None and ckpt.get("model_ema") is None:
+        raise UsageError(f"--resume {args.resume}: holds no EMA weights (its run had no --model-ema)")
+    for name in ("model", "model_ema") if args.evaluate else state:
         try:
-            model_without_ddp.load_state_dict(ckpt["model"])
+            if state[name] is not None:
+                state[name].load_state_dict(ckpt[name])
         except RuntimeError as e:
-            raise UsageError(f"--resume {args.resume}: its weights do not fit this model ({str(e).splitlines()[1].strip()})") from None
-        if model_ema is not None:
-            if ckpt.get("model_ema") is None:
-                raise UsageError(f"--resume {args.resume}: holds no EMA weights (its run had no --model-ema)")
-            model_ema.load_state_dict(ckpt["model_ema"])
-        if not args.evaluate:
-            optimizer.load_state_dict(ckpt["optimizer"])
-            scheduler.load_state_dict(ckpt["scheduler"])
-            scaler.load_state_dict(ckpt["scaler"])
-            torch.set_rng_state(ckpt["rng"][ddp_rank])
-            best = ckpt["best"]
-            start_epoch, first_step = (ckpt["epoch"] + 1, 0) if ckpt["step"] == steps else (ckpt["epoch"], ckpt["step"])
-            log({"type": "resume", "epoch": start_epoch, "step": first_step},
-                f"resumed from {args.resume}: epoch {start_epoch}, after step {first_step} of {steps}")
-
-    def val_batches():
-        return dali_batches(val_loader, device)
-
+            raise UsageError(f"--resume {args.resume}: its weights do not fit this model "
+                             f"({str(e).splitlines()[1].strip()})") from None
     if args.evaluate:
-        metrics, _ = evaluate(model_ema if model_ema is not None else model_without_ddp, val_batches(), args, device)
-        log({"type": "eval", **metrics, "ema": model_ema is not None},
-            f"Test{' (EMA)' if model_ema is not None else ''}: Dice {metrics['val_dice']:.3f} IoU {metrics['val_iou']:.3f}")
-        return
-    for _ in val_batches():  # read the validation set once now, so a bad file costs seconds, not an epoch
-        pass
-
-    def save(epoch, step, is_best=False):
-        """Every process's DALI state and random state go to the main process, which writes the checkpoint."""
-        dali, rng = gather_to_master(train_loader.checkpoints()[0]), gather_to_master(torch.get_rng_state())
-        if not master_process:
-            return
-        state = {"model": model_without_ddp.state_dict(), "optimizer": optimizer.state_dict(),
-                 "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict(),
-                 "model_ema": model_ema.state_dict() if model_ema is not None else None, "epoch": epoch, "step": step,
-                 "args": vars(args), "best": best, "classes": classes,
-                 "num_samples": num_samples, "world_size": ddp_world_size,
-                 "dali": dali if args.loader == "dali" else None, "rng": rng}
-        save_atomic(state, os.path.join(output_dir, "checkpoint.pth"))
-        if is_best:
-            save_atomic(state, os.path.join(output_dir, "best.pth"))
-        if step < steps:
-            log({"type": "checkpoint", "epoch": epoch, "step": step}, f"saved checkpoint.pth at epoch {epoch} step {step}")
-
-    for epoch in range(start_epoch, args.epochs + 1):
-        start = time.perf_counter()
-        if args.loader == "synthetic":
-            batch = (torch.randn(args.batch_size, train_pipe.channels, args.size, args.size, device=device),
-                     torch.randint(0, max(2, args.num_classes), (args.batch_size, 1, args.size, args.size), device=device))
-            train_batches = synthetic_batches(batch, steps - first_step)
-        else:
-            train_batches = dali_batches(train_loader, device)
-        train_loss = train_one_epoch(model, criterion, optimizer, scheduler, scaler, train_batches, epoch, first_step,
-                                     steps, args, device, log, model_ema, save_mid_epoch=lambda step: save(epoch, step))
-        first_step = 0
-        broadcast_buffers(*[m for m in (model_without_ddp, model_ema) if m is not None])
-        metrics, first = evaluate(model_without_ddp, val_batches(), args, device)
-        record = {"type": "epoch", "epoch": epoch, "train_loss": train_loss, **metrics}
-        line = f"Epoch {epoch}: val Dice {metrics['val_dice']:.3f} IoU {metrics['val_iou']:.3f}"
-        if model_ema is not None:
-            ema_metrics, _ = evaluate(model_ema, val_batches(), args, device)
-            record.update({f"ema_{k}": v for k, v in ema_metrics.items()})
-            line += f"  EMA Dice {ema_metrics['val_dice']:.3f} IoU {ema_metrics['val_iou']:.3f}"
-        is_best, best = metrics["val_dice"] > best, max(metrics["val_dice"], best)
-        save(epoch, steps, is_best)
-        if master_process:
-            save_overlay(os.path.join(output_dir, f"val_epoch{epoch:03d}.png"), *first, args.num_classes)
-        record["epoch_time"] = time.perf_counter() - start
-        log(record, f"{line}  train loss {train_loss:.4f}  time {record['epoch_time']:.1f}s")
-
-
-DEMO_DEFAULTS = dict(epochs=6, batch_size=8, lr=2.0, size=96, unet_width=16, print_freq=5, lr_warmup_epochs=1,
-                     lr_scheduler="cosine", workers=min(4, os.cpu_count() or 1))
-
-
-def get_args_parser(add_help=True):
-    parser = argparse.ArgumentParser(description="Semantic segmentation on DALI", add_help=add_help,
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    g = parser.add_argument_group("data")
-    g.add_argument("--data", required=True,
-                   help="prepared root (csv_file/train.csv, valid.csv), PNG root (Images/, Masks/: prepared into "
-                        "<root>/npy on first use), or 'demo' for a built-in synthetic set (demo also changes the "
-                        "defaults to: " + ", ".join(f"--{k.replace('_', '-')} {v}" for k, v in DEMO_DEFAULTS.items())
-                        + ")")
-    g.add_argument("--num-classes", type=int, default=1, help="1 = binary (BCE + Dice); 2 or more: cross-entropy + Dice")
-    g.add_argument("--size", type=int, default=384, help="side of the square training and validation input")
-    g.add_argument("-j", "--workers", type=int, default=min(8, os.cpu_count() or 1), help="DALI CPU threads per process")
-    g.add_argument("--dali-device", choices=["gpu", "cpu"], default=None,
-                   help="where DALI reads and augments: gpu (GPU ops) or cpu (DALI CPU-only) "
-                        "(default: gpu when CUDA is available, else cpu)")
-    g.add_argument("--loader", choices=["dali", "synthetic"], default="dali",
-                   help="synthetic: one random batch already on the device trains every step (the speed ceiling; "
-                        "validation still reads --data with DALI)")
-
-    g = parser.add_argument_group("model")
-    g.add_argument("--arch", default="unet", choices=ARCHS, help="the compact U-Net of this file, or a torchvision model")
-    g.add_argument("--unet-width", type=int, default=32, help="channels of the U-Net's first level (doubling below)")
-    g.add_argument("--sync-bn", action="store_true", help="SyncBatchNorm across processes under torchrun (CUDA only)")
-    g.add_argument("--model-ema", action="store_true", help="keep an exponential moving average of the weights, "
-                                                             "evaluated and checkpointed beside the model")
-    g.add_argument("--model-ema-steps", type=int, default=32, help="steps between EMA updates")
-    g.add_argument("--model-ema-decay", type=float, default=0.99998,
-                   help="EMA decay per image of a 1024-image reference (torchvision's; adjusted for batch, steps, epochs)")
-
-    g = parser.add_argument_group("optimisation")
-    g.add_argument("--epochs", type=int, default=50, help="epochs to train")
-    g.add_argument("-b", "--batch-size", type=int, default=32, help="images per process (per GPU)")
-    g.add_argument("--opt", choices=["sgd", "adamw"], default="sgd", help="optimizer")
-    g.add_argument("--lr", type=float, default=0.1,
-                   help="learning rate for a global batch of 256, scaled linearly by global batch / 256")
-    g.add_argument("--momentum", type=float, default=0.9, help="SGD momentum")
-    g.add_argument("--wd", "--weight-decay", type=float, default=1e-4, dest="wd", help="weight decay")
-    g.add_argument("--norm-weight-decay", type=float, default=None,
-                   help="weight decay of normalization layers and biases (default: --wd)")
-    g.add_argument("--clip-grad-norm", type=float, default=0.0, help="clip the gradients' total norm (0: off)")
-    g.add_argument("--lr-scheduler", choices=["cosine", "step", "poly"], default="poly",
-                   help="decay after warm-up, stepped every iteration")
-    g.add_argument("--lr-warmup-epochs", type=float, default=1, help="warm-up epochs")
-    g.add_argument("--lr-warmup-method", choices=["linear", "constant"], default="linear", help="warm-up shape")
-    g.add_argument("--lr-warmup-decay", type=float, default=0.01, help="warm-up starts at this fraction of the lr")
-    g.add_argument("--lr-step-size", type=int, default=30, help="step schedule: epochs between decays")
-    g.add_argument("--lr-gamma", type=float, default=0.1, help="step schedule: factor per decay")
-    g.add_argument("--lr-min", type=float, default=0.0, help="cosine schedule: the final lr")
-    g.add_argument("--amp", choices=["bf16", "fp16", "none"], default="none",
-                   help="mixed precision: bf16 autocast, fp16 autocast with a GradScaler, or none")
-    g.add_argument("--channels-last", action="store_true", help="channels_last memory format")
-    g.add_argument("--compile", action="store_true", help="torch.compile the model")
-    g.add_argument("--seed", type=int, default=0, help="seed of model init and DALI augmentations")
-
-    g = parser.add_argument_group("output and checkpoints")
-    g.add_argument("--output-dir", default=None,
-                   help=f"where metrics.jsonl, checkpoint.pth, best.pth and val_epochNNN.png go (default: a new "
-                        f"{RUNS_DIR}/expN, or the --resume checkpoint's folder)")
-    g.add_argument("--overwrite", action="store_true", help="replace a previous run's checkpoints in --output-dir")
-    g.add_argument("--resume", default="", help="checkpoint to continue from (the same step, the same samples to come)")
-    g.add_argument("--checkpoint-every", type=int, default=0,
-                   help="also save checkpoint.pth every N steps inside an epoch (0: at the end of each epoch only)")
-    g.add_argument("--evaluate", action="store_true", help="only validate the --resume model (its EMA with --model-ema)")
-    g.add_argument("--print-freq", type=int, default=50, help="log a line every N steps")
-    return parser
+        return 1, 0, -math.inf
+    torch.set_rng_state(ckpt["rng"][ddp.rank])
+    start_epoch, first_step = (ckpt["epoch"] + 1, 0) if ckpt["step"] == steps else (ckpt["epoch"], ckpt["step"])
+    log({"type": "resume", "epoch": start_epoch, "step": first_step},
+        f"resumed from {args.resume}: epoch {start_epoch}, after step {first_step} of {steps}")
+    return start_epoch, first_step, ckpt["best"]
 
 
 if __name__ == "__main__":
-    parser = get_args_parser()
-    args = parser.parse_args()
-    if args.data == "demo":  # a small, quick run; flags given on the command line still win
-        parser.set_defaults(**DEMO_DEFAULTS)
-        args = parser.parse_args()
+    args = parse_args()
     try:
         main(args)
     except (Exception, KeyboardInterrupt) as e:
         usage = isinstance(e, (UsageError, DataError))
+        if usage:
+            print(f"error: {e}", file=sys.stderr, flush=True)
         if dist.is_initialized() and dist.get_world_size() > 1:
-            # The other processes may be waiting for this one in a collective, and with NCCL a graceful
-            # destroy_process_group() then waits for them forever. Print the error and end this process
-            # at once; torchrun then stops the others and the job ends with this error.
-            if usage:
-                print(f"error: {e}", file=sys.stderr, flush=True)
-            else:
+            # Other processes may wait for this one in a collective, and with NCCL a graceful destroy_process_group()
+            # then waits forever: end this process at once, and torchrun stops the others with this error.
+            if not usage:
                 traceback.print_exc()
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(2 if usage else 1)
-        if usage:
-            parser.exit(2, f"error: {e}\n")
-        raise
+        if not usage:
+            raise
+        sys.exit(2)
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
