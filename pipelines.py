@@ -30,7 +30,9 @@ import math
 import os
 import re
 import struct
+import sys
 import tarfile
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -455,6 +457,25 @@ LABEL_DIGITS = 9
 INDEX_CACHE = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "dali-indexes")
 # Elements of noise one task generates: DALI's own CPU random operators split a large sample the same way.
 NOISE_CHUNK = 1 << 16
+# Seconds between two progress lines of a long job; a job done sooner prints none.
+PROGRESS_EVERY = 5.0
+
+
+def progress(items, total, what, every=PROGRESS_EVERY, out=sys.stderr):
+    """``items``, passed through, with a line on ``out`` every ``every`` seconds: ``what``, the count of ``total``, the
+    rate and the ETA; one line at a time, so that it reads the same on a terminal and in a cluster log. A job done
+    within the first ``every`` seconds prints nothing; one that printed ends with a line of its total time."""
+    start = last = time.perf_counter()
+    done = 0
+    for done, item in enumerate(items, 1):
+        yield item
+        if (now := time.perf_counter()) - last >= every:
+            last, rate = now, done / (now - start)
+            eta = f", eta {round((total - done) / rate)} s" if total else ""
+            print(f"{what}: {done:,}/{total:,} ({100 * done / max(total, 1):.0f} %), {rate:,.1f}/s{eta}", file=out,
+                  flush=True)
+    if last > start:
+        print(f"{what}: {done:,} done in {time.perf_counter() - start:.0f} s", file=out, flush=True)
 
 
 def unchanged(data):

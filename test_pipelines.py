@@ -1,6 +1,7 @@
 """Tests of pipelines.py on tiny data built in tmp_path. CPU-only DALI everywhere; the GPU tests at
 the end run where a CUDA device is visible (see README: they were run on an H200)."""
 
+import io
 import json
 import os
 import re
@@ -1205,3 +1206,17 @@ def test_gpu_augmentations_touch_only_the_samples_that_draw_them(seg_files):
         changed = (images - base).abs().amax(dim=(1, 2, 3)) > 1e-3
         assert 0 < changed.sum() < 40, augmentation
         assert torch.equal(images[~changed], base[~changed]) and torch.equal(masks, base_masks)
+
+
+def test_progress_prints_count_rate_and_eta_only_for_long_jobs(monkeypatch):
+    """A job done within the first interval prints nothing; a longer one prints one line per interval with its
+    count of the total, rate and ETA, and a last line with its total time."""
+    clock = iter(range(0, 1000, 2))  # every reading of the clock is 2 s after the last: an item takes 2 s
+    monkeypatch.setattr(pipelines.time, "perf_counter", lambda: next(clock))
+    out = io.StringIO()
+    assert list(pipelines.progress(range(7), 7, "indexing shards", every=5, out=out)) == list(range(7))
+    assert out.getvalue().splitlines() == ["indexing shards: 3/7 (43 %), 0.5/s, eta 8 s",
+                                           "indexing shards: 6/7 (86 %), 0.5/s, eta 2 s",
+                                           "indexing shards: 7 done in 16 s"]
+    quiet = io.StringIO()
+    assert list(pipelines.progress(range(2), 2, "quick", every=5, out=quiet)) == [0, 1] and quiet.getvalue() == ""
