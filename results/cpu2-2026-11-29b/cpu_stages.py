@@ -1,3 +1,5 @@
+# Archived probe: ran at commit 5bb5e7b against that commit's pipelines.py; kept as a record, not maintained.
+# To rerun: git checkout 5bb5e7b.
 """Where DALI's CPU-only classification pipeline spends its time, one stage added at a time, and its
 resize alone with other settings: img/s of Pipeline.run() over bench.py's JPEGs, batch 64, 2 threads.
 

@@ -1,3 +1,5 @@
+# Archived probe: ran at commit 7ca3136 against that commit's pipelines.py; kept as a record, not maintained.
+# To rerun: git checkout 7ca3136.
 """Where DALI's CPU-only segmentation training pipeline spends its time: img/s of Pipeline.run() with one
 augmentation at a time (batch 32, 512x512 -> 384x384, 2 threads), over bench.py's .npy pairs.
 

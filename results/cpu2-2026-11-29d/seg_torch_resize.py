@@ -1,3 +1,5 @@
+# Archived probe: ran at commit 4fa0118 against that commit's pipelines.py; kept as a record, not maintained.
+# To rerun: git checkout 4fa0118.
 """The CPU-only SegmentTrainPipeline (batch 32, every augmentation) with its 8-bit images resized and flipped by DALI's
 CPU Resize (as before this change) against torch's (resize_with_torch, as now): Pipeline.run() img/s, in turn, twice.
 

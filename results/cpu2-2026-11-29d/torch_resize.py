@@ -1,3 +1,6 @@
+# Archived probe: ran at commit f304285 (the log as committed in 2606baf) and again at 4fa0118 (torch_resize.log as it
+# is now), against those commits' pipelines.py; kept as a record, not maintained.
+# To rerun: git checkout 4fa0118.
 """The CPU-only ClassifyTrainPipeline with its crop resized by DALI's CPU Resize (as before f304285) against torch's
 (resize_with_torch, as now): Pipeline.run() img/s, in turn, twice; and how far apart the two pipelines' batches are
 (same seed, so the same crops), in 8-bit levels.

@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# Archived probe: ran at commit dc4b6e1 against that commit's bench.py, pipelines.py and test_bench.py (with this
+# folder's probes); kept as a record, not maintained. To rerun: git checkout dc4b6e1.
 # third call: the noise's chunk size at 16 threads; the CPU-only segmentation ratio three times; the mixed-decode
 # loader beside a training process; test_bench.py on the GPU
 export PYTHONPATH=/tmp/site:$PWD/.gpu-extra PYTHONUNBUFFERED=1

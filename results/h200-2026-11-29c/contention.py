@@ -1,3 +1,5 @@
+# Archived probe: ran at commit dc4b6e1 against that commit's bench.py and pipelines.py; kept as a record, not
+# maintained. To rerun: git checkout dc4b6e1.
 """Is the mixed-decode loader slowed by a busy GPU? bench.py's dali-mixed loader (8 threads) alone, then while a
 synthetic ResNet-18 training (bench.py's loop, bf16, channels_last) runs in another process on the same GPU, then
 alone again; the training process prints its own rate over its whole run.

@@ -1,3 +1,5 @@
+# Archived probe: ran at commit dc4b6e1 against that commit's pipelines.py; kept as a record, not maintained. To
+# rerun: git checkout dc4b6e1.
 """The CPU segmentation pipeline's torch noise (pipelines.add_gaussian_noise) at other chunk sizes: the function
 alone on 5 images of 3x384x384 (a batch of 32 at p 0.15) with a pool of 16 threads, and the pipeline with flips and
 noise at 16 threads (Pipeline.run img/s), over bench.py's .npy pairs.

@@ -1,3 +1,6 @@
+# Archived probe: ran at commits ee8ebdf (call6.sh: probe.log), 2da0839 (call7.sh: probe2.log) and dc4b6e1 (call9.sh:
+# seg_ratio.log) against those commits' bench.py and pipelines.py; kept as a record, not maintained.
+# To rerun: git checkout dc4b6e1.
 """Issue 13 probes on one H200 (16 cores), over bench.py's data (8192 JPEGs, 1024 .npy pairs):
 
   seg-cpu   CPU-only segmentation pipeline, Pipeline.run() alone, one augmentation set at a time, DALI's CPU

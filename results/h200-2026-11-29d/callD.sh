@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# Archived probe: ran at commit 2231382 against that commit's bench.py and pipelines.py (with this folder's conc.py);
+# kept as a record, not maintained. To rerun: git checkout 2231382.
 # CPU-only pipelines on 16 cores: operator concurrency and thread pool
 export PYTHONPATH=/tmp/site:$PWD/.gpu-extra PYTHONUNBUFFERED=1
 python3 -c "

@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# Archived probe: ran at commit 465e2ed against that commit's bench.py, pipelines.py and test_pipelines.py; kept as a
+# record, not maintained. To rerun: git checkout 465e2ed.
 # bench.py with the GPU hidden (CPU-only DALI against the DataLoader, 16 workers, batches to the CPU): DALI's default
 # thread pool, then DALI_USE_NEW_THREAD_POOL=1 (CPU-only pipelines run independent operators at once); GPU tests
 export PYTHONPATH=/tmp/site:$PWD/.gpu-extra PYTHONUNBUFFERED=1

@@ -1,3 +1,5 @@
+# Archived probe: ran at commit 2231382 against that commit's pipelines.py (also run on 2 cores:
+# cpu2-2026-11-29d/conc.log); kept as a record, not maintained. To rerun: git checkout 2231382.
 """Pipeline.run() img/s of the CPU-only segmentation (batch 32) and classification (batch 256) training pipelines,
 DALI's default operator concurrency against OperatorConcurrency.FULL (independent operators, and so successive
 iterations, may run at once), under DALI's default and its new thread pool (DALI_USE_NEW_THREAD_POOL=1).

@@ -1,3 +1,5 @@
+# Archived probe: ran at commit 2231382 against that commit's bench.py and pipelines.py; kept as a record, not
+# maintained. To rerun: git checkout 2231382.
 """Issue 13 probes on one H200 (16 cores), over bench.py's data (8192 JPEGs, 1024 .npy pairs):
 
   graph    ResNet-18 and ResNet-50 end to end (bench.py's loop), the training step eager and captured as one CUDA

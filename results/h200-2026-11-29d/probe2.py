@@ -1,3 +1,5 @@
+# Archived probe: ran at commit 2231382 against that commit's bench.py and pipelines.py; kept as a record, not
+# maintained. To rerun: git checkout 2231382.
 """Issue 13, second probe on one H200 (16 cores), bench.py's 8192 JPEGs: the mixed-decode training loader with the
 random-resized-crop window decoded alone (ROI decode, ImageRandomCrop, then Resize: as pipelines.py has it) against
 the whole image decoded and the window cut and resized on the GPU in one operator (decoders.Image, then

@@ -1,3 +1,5 @@
+# Archived probe: ran at commit 2231382 against that commit's bench.py and pipelines.py; kept as a record, not
+# maintained. To rerun: git checkout 2231382.
 """Issue 13, third probe on one H200 (16 cores), bench.py's 8192 JPEGs: does a second mixed-decode pipeline on the
 same GPU feed ResNet-18 closer to its ceiling? The GPU stage of one DALI pipeline runs one iteration at a time, so
 while the model trains, its rate is one batch per that stage's latency. Loaders:

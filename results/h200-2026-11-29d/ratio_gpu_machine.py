@@ -1,3 +1,5 @@
+# Archived probe: ran at commit 465e2ed against that commit's bench.py and pipelines.py; kept as a record, not
+# maintained. To rerun: git checkout 465e2ed.
 """bench.py's CPU-only DALI loaders and their DataLoaders as bench.py times them on a GPU machine (batches delivered
 to the GPU), 16 workers, in turn, twice; run it with DALI_USE_NEW_THREAD_POOL=1 for the CPU-only pipelines'
 operators to run at once.

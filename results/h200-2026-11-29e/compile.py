@@ -1,3 +1,5 @@
+# Archived probe: ran at commit 9e73d43 against that commit's bench.py and pipelines.py; kept as a record, not
+# maintained. To rerun: git checkout 9e73d43.
 """Issue 13 probe on one H200 (16 cores), over bench.py's data (8192 JPEGs): ResNet-18 and ResNet-50 end to end in
 bench.py's own loop (bench.time_training), the model eager and under torch.compile (inductor, default mode: fused
 kernels, no CUDA graphs), fed by the synthetic batch and by the mixed-decode loader, in turn, twice. The compiled

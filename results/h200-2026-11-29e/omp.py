@@ -1,3 +1,6 @@
+# Archived probe: ran at commit 09a5f6a (its bench.py and pipelines.py are those of 9e73d43) against that commit's
+# bench.py and pipelines.py; kept as a record, not maintained.
+# To rerun: git checkout 09a5f6a.
 """Issue 13 probe on one H200 (16 cores): do the CPU-only pipelines' torch calls (resize_with_torch on a pool of
 16 threads) lose to torch's own intra-op threads, each pool thread's call starting its own team? Pipeline.run()
 img/s at 16 threads of the CPU-only ClassifyTrainPipeline (batch 256) and SegmentTrainPipeline (batch 32, every

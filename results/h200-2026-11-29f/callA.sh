@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# Archived probe: ran at commit 09a5f6a against that commit's bench.py and pipelines.py (with an earlier version of
+# this folder's stages.py); kept as a record, not maintained. To rerun: git checkout 09a5f6a.
 # Issue 13, CPU-only classification on 16 cores: the stage probe at 2/4/8/16 threads (taskset, cores = threads),
 # then py-spy profiles (Python threads, native frames) of the whole pipeline and the loader at 16 threads.
 export PYTHONPATH=/tmp/site:$PWD/.gpu-extra PYTHONUNBUFFERED=1

@@ -1,4 +1,7 @@
 #!/usr/bin/env bash
+# Archived probe: ran between callA.sh (09a5f6a) and callC.sh (9dc1999), at which of the two is not recorded;
+# train_classify.py and the GPU pipelines it uses are the same at both; kept as a record, not maintained.
+# To rerun: git checkout 9dc1999.
 # Issue 13: --compile in train_classify.py on the GPU, against eager and the synthetic loader, ResNet-18 and -50,
 # bf16 channels_last batch 256, bench.py's 8192 JPEGs as train and val, 4 epochs of 32 steps.
 export PYTHONPATH=/tmp/site:$PWD/.gpu-extra PYTHONUNBUFFERED=1

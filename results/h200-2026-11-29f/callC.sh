@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# Archived probe: ran at commit 9dc1999 against that commit's bench.py, pipelines.py and test_pipelines.py (with an
+# earlier version of stages.py); kept as a record, not maintained. To rerun: git checkout 9dc1999.
 # After resize_with_torch's GIL change: the stage probe at 8 and 16 threads and a py-spy profile at 16, the
 # README's bench command (the run of record), then the GPU tests of test_pipelines.py (CPU/GPU comparisons).
 export PYTHONPATH=/tmp/site:$PWD/.gpu-extra PYTHONUNBUFFERED=1

@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# Archived probe: ran at commit 9dc1999 against that commit's bench.py and pipelines.py (with this folder's
+# stages.py); kept as a record, not maintained. To rerun: git checkout 9dc1999.
 # Where the 16 cores go in the CPU-only classification pipeline: the stage probe at 16 threads with page faults and
 # user/sys CPU time per image, as is, with glibc's malloc kept from returning memory to the kernel, with torch's
 # intra-op threads off, and with DALI's new thread pool.

@@ -1,3 +1,6 @@
+# Archived probe: this version ran at commit 9dc1999 (callD.sh, callE.sh) against that commit's bench.py and pipelines.py;
+# an earlier version (no faults or CPU time, no RESIZE) ran at 09a5f6a (callA.sh) and 9dc1999 (callC.sh); kept as a
+# record, not maintained. To rerun: git checkout 9dc1999.
 """Issue 13 probe: where the CPU-only classification pipeline stops scaling past a few cores.
 
 Pipeline.run() img/s of the CPU-only training pipeline cut after each stage (read; read + crop-decode; + torch's

@@ -1,4 +1,7 @@
 #!/usr/bin/env bash
+# Archived probe: ran at commit fdd1487 with uncommitted trainer changes that 3b11cc0 then committed (callB.sh: the
+# BatchNorm broadcast, not yet the exit-at-once fix; callC.sh: both), against that tree's bench.py, pipelines.py and
+# trainers; kept as a record, not maintained. To rerun: git checkout 3b11cc0.
 # ResNet-50 on 1 and 2 GPUs: DALI-fed against synthetic, and one setting at a time on 2 GPUs.
 source results/h200x2-2026-11-29/common.sh
 { date -u; nvidia-smi -L; nvidia-smi topo -m; lscpu | grep -iE 'numa|model name|^CPU\(s\)|socket|core'

@@ -1,4 +1,7 @@
 #!/usr/bin/env bash
+# Archived probe: ran at commit fdd1487 with uncommitted trainer changes that 3b11cc0 then committed (callB.sh: the
+# BatchNorm broadcast, not yet the exit-at-once fix; callC.sh: both), against that tree's bench.py, pipelines.py and
+# trainers; kept as a record, not maintained. To rerun: git checkout 3b11cc0.
 # ResNet-18 on 1 and 2 GPUs, segmentation on 1 and 2 GPUs with the Dice check, bench.py --ddp, a failing rank.
 source results/h200x2-2026-11-29/common.sh
 ALL=nccl_hi,split,static_graph,bucket_view

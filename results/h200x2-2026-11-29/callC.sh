@@ -1,4 +1,7 @@
 #!/usr/bin/env bash
+# Archived probe: ran at commit fdd1487 with uncommitted trainer changes that 3b11cc0 then committed (callB.sh: the
+# BatchNorm broadcast, not yet the exit-at-once fix; callC.sh: both), against that tree's bench.py, pipelines.py and
+# trainers; kept as a record, not maintained. To rerun: git checkout 3b11cc0.
 # After the shutdown fix: a rank meeting a bad JPEG under NCCL; then DALI's prefetch depth and the logging
 # sync's cost on 2 GPUs, with default and synthetic runs of the same call to compare against.
 source results/h200x2-2026-11-29/common.sh

@@ -1,3 +1,6 @@
+# Archived probe: ran at commit fdd1487 with uncommitted trainer changes that 3b11cc0 then committed (callB.sh: the
+# BatchNorm broadcast, not yet the exit-at-once fix; callC.sh: both), against that tree's bench.py, pipelines.py and
+# trainers; kept as a record, not maintained. To rerun: git checkout 3b11cc0.
 # Sourced by the call scripts of this folder, from the project root on the 2 x H200 machine.
 export PYTHONPATH=/tmp/site:$PWD/.gpu-extra PYTHONUNBUFFERED=1
 D=results/h200x2-2026-11-29; R=/tmp/x2; mkdir -p $R

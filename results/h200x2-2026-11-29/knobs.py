@@ -1,3 +1,6 @@
+# Archived probe: ran at commit fdd1487 with uncommitted trainer changes that 3b11cc0 then committed (callB.sh: the
+# BatchNorm broadcast, not yet the exit-at-once fix; callC.sh: both), against that tree's bench.py, pipelines.py and
+# trainers; kept as a record, not maintained. To rerun: git checkout 3b11cc0.
 """Runs train_classify.py or train_segment.py unchanged, with the process and DDP settings named in the
 environment variable KNOBS (comma-separated) changed, for the 2-GPU measurements of this folder:
 
