@@ -20,18 +20,22 @@ Bad input (missing folders, unpaired or mis-shaped files) raises ``DataError`` n
 offending path before DALI builds anything.
 """
 
+import atexit
 import contextlib
 import csv
 import functools
 import hashlib
 import io
+import itertools
 import json
 import math
 import os
 import re
+import shutil
 import struct
 import sys
 import tarfile
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -42,7 +46,6 @@ from nvidia.dali import ops, tfrecord, types
 from nvidia.dali.pipeline import OperatorConcurrency, Pipeline
 from nvidia.dali.plugin.base_iterator import LastBatchPolicy
 from nvidia.dali.plugin.pytorch import DALIClassificationIterator, DALIGenericIterator
-from PIL import Image
 
 # ImageNet statistics on the 0..255 scale that DALI's decoders produce.
 IMAGENET_MEAN = (0.485 * 255, 0.456 * 255, 0.406 * 255)
@@ -89,11 +92,12 @@ class _ClassifyPipeline(Pipeline):
         super().__init__(batch_size, num_threads, device_id, seed=seed, prefetch_queue_depth=prefetch_queue_depth,
                          **cpu_concurrency(device_id, pipeline_kwargs))
         self.decoder_device, self.device = ("cpu", "cpu") if device_id is None else ("mixed", "gpu")
-        self.decoder_args = {} if device_id is None else dict(
-            hw_decoder_load=hw_decoder_load, device_memory_padding=device_memory_padding,
+        # EXIF orientation is not applied, as torchvision's PIL loader does not apply it: the same pixels either way.
+        self.decoder_args = dict(adjust_orientation=False) if device_id is None else dict(
+            adjust_orientation=False, hw_decoder_load=hw_decoder_load, device_memory_padding=device_memory_padding,
             host_memory_padding=host_memory_padding)
-        self.read = ClassifyReader(data_dir, file_list, classes=classes, num_classes=num_classes,
-                                   label_offset=label_offset, shard_id=shard_id, num_shards=num_shards, shuffle=shuffle)
+        self.read = ClassifyReader(data_dir, file_list, classes=classes, num_classes=num_classes, label_offset=label_offset,
+                                   shard_id=shard_id, num_shards=num_shards, shuffle=shuffle, batch_size=batch_size)
         self.layout, self.files, self.classes = self.read.layout, self.read.files, self.read.classes
         self.num_classes, self.num_samples = self.read.num_classes, self.read.num_samples
         self.output_layout = choice("output_layout", output_layout, {"CHW": "CHW", "HWC": "HWC"})
@@ -229,6 +233,8 @@ class SegmentValPipeline(Pipeline):
         super().__init__(batch_size, num_threads, device_id, seed=seed, prefetch_queue_depth=prefetch_queue_depth,
                          **cpu_concurrency(device_id, pipeline_kwargs))
         (image_shape, image_dtype), (mask_shape, mask_dtype) = check_segmentation_files(imgs, lbls)
+        if image_dtype.kind == "f" and (found := first_nonfinite(list(imgs)[shard_id::num_shards], num_threads)):
+            raise DataError(f"{found}: holds NaN or infinite pixels; a float image must be finite everywhere")
         self.channels = image_shape[2] if len(image_shape) == 3 else 1
         if (mean is None) != (std is None):
             raise ValueError(f"give both mean and std, or neither (got mean={mean}, std={std})")
@@ -236,6 +242,9 @@ class SegmentValPipeline(Pipeline):
             mean, std = IMAGENET_MEAN, IMAGENET_STD
         self.on_gpu = device_id is not None
         device = "gpu" if self.on_gpu else "cpu"
+        if self.shuffle:  # a few distinct pairs repeated, so that every shard holds whole batches (see repeats)
+            extra = extra_samples(len(imgs), num_shards, batch_size)
+            imgs, lbls = list(imgs) + repeats(list(imgs), extra), list(lbls) + repeats(list(lbls), extra)
         # One seed, shuffle and sharding for both readers keeps them in lock-step. Memory-mapped reads with
         # cached headers: plain reads (dont_use_mmap) were 7x slower, and the reader was the ceiling.
         reader_args = dict(shard_id=shard_id, num_shards=num_shards, random_shuffle=self.shuffle, seed=seed,
@@ -591,11 +600,14 @@ class ClassifyReader:
 
     ``data_dir`` is an ImageFolder tree (labelled by ``classes`` when given: train's names for a val split), a
     ``file_list``'s root, or a folder of TFRecord files or WebDataset tars (indexed on first use, see
-    ``shard_index``). Every reader pads its shard's last batch (``pad_last_batch``), so that every shard returns
-    the same number of batches, as DDP needs. Stored labels outside [0, num_classes) raise ``DataError``.
+    ``shard_index``). Every shard returns the same number of batches, as DDP needs: a training reader
+    (``shuffle``) repeats a few distinct samples of the set so that every shard holds whole batches (see
+    ``repeats``), a validation reader pads its last batch, which the iterator drops. Stored labels outside
+    [0, num_classes) raise ``DataError``.
     """
 
-    def __init__(self, data_dir, file_list, *, classes, num_classes, label_offset, shard_id, num_shards, shuffle):
+    def __init__(self, data_dir, file_list, *, classes, num_classes, label_offset, shard_id, num_shards, shuffle,
+                 batch_size):
         args = dict(shard_id=shard_id, num_shards=num_shards, random_shuffle=shuffle, pad_last_batch=True,
                     name="Reader")
         self.label_offset = label_offset
@@ -607,20 +619,22 @@ class ClassifyReader:
                 entries = [line.rsplit(maxsplit=1) for line in f if line.strip()]
             if not all(len(e) == 2 and e[1].lstrip("-").isdigit() for e in entries):
                 raise DataError(f"{file_list}: expected lines '<path relative to data_dir> <label>'")
-            self.files = [os.path.join(data_dir, path) for path, _ in entries]
-            self.classes, self.num_samples = classes, len(entries)
-            self.reader = ops.readers.File(file_root=data_dir, file_list=file_list, **args)
-            labels = [int(label) for _, label in entries]
-            ranges = [(file_list, min(labels), max(labels))] if labels else []
+            self.files, labels = [os.path.join(data_dir, path) for path, _ in entries], [int(n) for _, n in entries]
+            self.classes, ranges = classes, [(file_list, min(labels), max(labels))] if labels else []
         elif self.layout == "folder":
             self.files, labels, self.classes = list_image_folder(data_dir, classes)
-            self.num_samples = len(self.files)
-            self.reader = ops.readers.File(files=self.files, labels=labels, **args)
             ranges = [(data_dir, min(labels), max(labels))]
+        if self.layout == "folder":
+            self.num_samples, extra = len(self.files), extra_samples(len(self.files), num_shards, batch_size, shuffle)
+            self.reader = ops.readers.File(files=self.files + repeats(self.files, extra),
+                                           labels=labels + repeats(labels, extra), **args)
         else:
             self.files = shard_files(data_dir, self.layout)
+            check_manifest(data_dir, self.files)
             indexes, summaries = zip(*(shard_index(shard, self.layout) for shard in self.files))
             self.num_samples = sum(s["samples"] for s in summaries)
+            if extra := extra_samples(self.num_samples, num_shards, batch_size, shuffle):
+                indexes = padded_indexes(indexes, self.layout, extra)
             listed = read_classes_txt(data_dir)
             if classes is not None and listed is not None and list(classes) != listed:
                 raise DataError(f"{os.path.join(data_dir, 'classes.txt')}: its {len(listed)} classes differ from the "
@@ -663,6 +677,37 @@ class ClassifyReader:
         else:
             images, labels = self.reader()
         return images, self.to_int32(labels - self.label_offset)
+
+
+def extra_samples(n, num_shards, batch_size, training=True):
+    """How many samples a training set of ``n`` needs so that its ``num_shards`` equal shards hold whole batches."""
+    return num_shards * batch_size * math.ceil(math.ceil(n / num_shards) / batch_size) - n if training else 0
+
+
+def repeats(items, extra):
+    """``extra`` of ``items``, spread evenly over them, each at most once while there are enough: what training
+    readers append to their set. DALI's shards then need no padding of their own, which repeats a shard's last
+    sample to fill its last batch; DistributedSampler, likewise, pads with real samples of the set."""
+    return [items[k * len(items) // extra] for k in range(extra)]
+
+
+def padded_indexes(indexes, layout, extra):
+    """Copies of DALI's index files of a set of shards with ``extra`` records repeated (see ``repeats``), in a
+    temporary folder of this process."""
+    header = 1 if layout == "wds" else 0  # "v1.2 <samples>"
+    lines = []
+    for index in indexes:
+        with open(index) as f:
+            lines.append(f.read().splitlines())
+    for k, line in repeats([(k, line) for k, ls in enumerate(lines) for line in ls[header:]], extra):
+        lines[k].append(line)
+    folder = tempfile.mkdtemp(prefix="dali-index-")
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    paths = [os.path.join(folder, f"{k}.idx") for k in range(len(lines))]
+    for path, ls in zip(paths, lines):
+        with open(path, "w") as f:
+            f.write("".join(line + "\n" for line in ([f"v1.2 {len(ls) - 1}"] + ls[1:] if header else ls)))
+    return paths
 
 
 def find_classes(data_dir):
@@ -728,6 +773,21 @@ def shard_files(split_dir, layout):
     return sorted(os.path.join(split_dir, n) for n in os.listdir(split_dir) if match(n))
 
 
+def check_manifest(split_dir, shards):
+    """A ``DataError`` naming a shard that the set's manifest.json (make_shards.py writes it beside the splits)
+    lists for this split and that is not there: a copy that lost a shard would train on fewer samples."""
+    manifest = os.path.join(os.path.dirname(os.path.abspath(split_dir)), "manifest.json")
+    try:
+        with open(manifest) as f:
+            listed = json.load(f)["splits"][os.path.basename(os.path.abspath(split_dir))]["shards"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return
+    missing = sorted(set(listed) - {os.path.basename(shard) for shard in shards})
+    if missing:
+        raise DataError(f"{os.path.join(split_dir, missing[0])}: missing, but {manifest} lists it ({len(missing)} of "
+                        f"{len(listed)} shards missing); copy the set again or rerun make_shards.py")
+
+
 def read_classes_txt(split_dir):
     """The class names in ``split_dir/classes.txt`` (one a line, in index order), or None without one."""
     path = os.path.join(split_dir, "classes.txt")
@@ -746,11 +806,12 @@ def shard_index(shard, layout):
     """(path of DALI's index of ``shard``, {"samples": n, "labels": [lowest, highest] stored label}).
 
     The index is built on first use, beside the shard or, when its folder is read-only, under ``INDEX_CACHE``. A
-    summary beside the index records the shard's size and modification time; an index whose shard no longer
-    matches them (rewritten, truncated) is built again, never trusted.
+    summary beside the index records the shard's size, modification time and a digest of its first and last
+    bytes (a copy made with ``cp -p`` or ``rsync -a`` keeps the other two); an index whose shard no longer matches
+    them (rewritten, truncated) is built again, never trusted.
     """
     stat = os.stat(shard)
-    source = {"bytes": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+    source, digest = {"bytes": stat.st_size, "mtime_ns": stat.st_mtime_ns}, shard_digest(shard)
     beside = shard + ".idx"
     cached = os.path.join(INDEX_CACHE, hashlib.sha1(os.path.abspath(shard).encode()).hexdigest()[:16],
                           os.path.basename(shard) + ".idx")
@@ -758,19 +819,29 @@ def shard_index(shard, layout):
         try:
             with open(index + ".json") as f:
                 summary = json.load(f)
-            if summary["shard"] == source and summary["index_bytes"] == os.path.getsize(index):
+            if (summary["shard"], summary["digest"], summary["index_bytes"]) == (source, digest,
+                                                                                 os.path.getsize(index)):
                 return index, summary
         except (OSError, ValueError, KeyError, TypeError):
             pass
     index = beside if os.access(os.path.dirname(os.path.abspath(shard)), os.W_OK) else cached
     text, labels, samples = _scan_shard(shard, layout)
-    summary = {"shard": source, "index_bytes": len(text.encode()), "samples": samples, "labels": labels}
+    summary = {"shard": source, "digest": digest, "index_bytes": len(text.encode()), "samples": samples,
+               "labels": labels}
     os.makedirs(os.path.dirname(index), exist_ok=True)
     with atomic_open(index, "w") as f:
         f.write(text)
     with atomic_open(index + ".json", "w") as f:  # last: the index counts only once this exists
         json.dump(summary, f)
     return index, summary
+
+
+def shard_digest(shard, ends=1 << 16):
+    """SHA-1 of a shard's first and last ``ends`` bytes: a rewrite with other samples changes them."""
+    with open(shard, "rb") as f:
+        head = f.read(ends)
+        f.seek(max(len(head), os.fstat(f.fileno()).st_size - ends))
+        return hashlib.sha1(head + f.read()).hexdigest()
 
 
 def _scan_shard(shard, layout):
@@ -899,38 +970,66 @@ def _tar_samples(shard):
         raise DataError(f"{shard}: not an uncompressed tar file ({e})") from None
 
 
-def _decodes(source):
-    """Whether PIL fully decodes an image file or its bytes."""
-    try:
-        with Image.open(source if isinstance(source, str) else io.BytesIO(source)) as image:
-            image.load()
-        return True
-    except Exception:
-        return False
+class _DecodeCheck(Pipeline):
+    """``op`` (DALI's header parser or its decoder, on the CPU) over batches of encoded images from ``batches``."""
+
+    def __init__(self, batches, op, batch_size):
+        super().__init__(batch_size, min(4, os.cpu_count() or 1), None, exec_async=False, exec_pipelined=False)
+        self.source, self.op = ops.ExternalSource(source=batches, batch=True), op
+
+    def define_graph(self):
+        return self.op(self.source())
 
 
-def _first_undecodable(layout, path):
-    """The first sample of a file or shard that does not decode, described in one line, or None."""
+def _samples(layout, path):
+    """(description, encoded bytes) of every image of a file or shard."""
     if layout == "folder":
-        return None if _decodes(path) else path
-    if layout == "tfrecord":
+        with open(path, "rb") as f:
+            yield path, f.read()
+    elif layout == "tfrecord":
         for i, _, _, features, f in _tfrecord_records(path):
-            if "image/encoded" not in features or not _decodes(_feature_values(f, features["image/encoded"])[0]):
-                return f"{path}: sample {i}"
+            yield f"{path}: sample {i}", _feature_values(f, features["image/encoded"])[0] if "image/encoded" in features else b""
+    else:
+        for key, parts, tar in _tar_samples(path):
+            yield f"{path}: sample {key}", next((tar.extractfile(m).read() for ext, m in parts.items()
+                                                 if ext in WDS_IMAGE_EXTENSIONS), b"")
+
+
+def _first_failing(samples, op, batch_size=256):
+    """The description of the first of ``samples`` on which ``op`` fails, or None. DALI stops a pipeline at the first
+    failure, so a failed batch is tried again one image at a time."""
+    fed = []
+
+    def batches():
+        while chunk := list(itertools.islice(samples, batch_size)):
+            fed.append(chunk)
+            yield [np.frombuffer(data, np.uint8) for _, data in chunk]
+
+    def fails(source, size):
+        pipe = _DecodeCheck(source, op, size)
+        pipe.build()
+        try:
+            while True:
+                pipe.run()
+        except StopIteration:
+            return False
+        except RuntimeError:
+            return True
+
+    if not fails(batches(), batch_size):
         return None
-    for key, parts, tar in _tar_samples(path):
-        if not any(_decodes(tar.extractfile(m).read()) for ext, m in parts.items() if ext in WDS_IMAGE_EXTENSIONS):
-            return f"{path}: sample {key}"
-    return None
+    return next((name for name, data in fed[-1] if fails(iter([[np.frombuffer(data, np.uint8)]]), 1)), None)
 
 
 def find_undecodable(pipe):
-    """The first sample of ``pipe``'s data that PIL cannot decode, or None: "<file>" for an image file, "<shard>:
-    sample <record index or key>" in a shard. Files are scanned in parallel; meant for after DALI's decoder
-    failed, to name the culprit."""
-    with ThreadPoolExecutor(min(16, os.cpu_count() or 1)) as pool:
-        found = pool.map(functools.partial(_first_undecodable, pipe.layout), pipe.files)
-        return next((f for f in found if f is not None), None)
+    """The first sample of ``pipe``'s data that DALI's own CPU decoder cannot decode, or None: "<file>" for an image
+    file, "<shard>: sample <record index or key>" in a shard; meant for after the pipeline failed, to name the
+    culprit. DALI parses every image's header first (quick), and decodes them in full only if all parse."""
+    for op in (ops.PeekImageShape(), ops.decoders.Image(output_type=types.RGB)):
+        culprit = _first_failing(itertools.chain.from_iterable(_samples(pipe.layout, p) for p in pipe.files), op)
+        if culprit is not None:
+            return culprit
+    return None
 
 
 @contextlib.contextmanager
@@ -1016,7 +1115,16 @@ def read_split(prepared_root, split):
                     raise DataError(f"{path} row index {row[0]}: {file}: no such file")
             imgs.append(image)
             lbls.append(mask)
+    if not imgs:
+        raise DataError(f"{path}: no rows after its header (expected {','.join(CSV_HEADER)} rows, one per pair)")
     return imgs, lbls
+
+
+def first_nonfinite(paths, threads=8):
+    """The first of the float ``paths`` holding a NaN or an infinity, or None: each is read once, on ``threads``."""
+    with ThreadPoolExecutor(max(1, threads or 1)) as pool:
+        finite = pool.map(lambda path: bool(np.isfinite(np.load(path, mmap_mode="r")).all()), paths)
+        return next((path for path, ok in zip(paths, finite) if not ok), None)
 
 
 def first_mask_above(lbls, limit, threads=8):

@@ -164,7 +164,7 @@ def test_train_epoch_is_full_batches_of_real_samples(solid_folder):
         sizes, seen = batch_sizes_and_identities(pipe)
         assert sizes == [4] * 6  # 21 samples: the last batch is filled up to 4
         assert sorted(set(seen)) == EVERYTHING  # every sample, nothing made up
-        assert sorted(Counter(seen).values()) == [1] * 20 + [4]  # the padding repeats one real sample
+        assert sorted(Counter(seen).values()) == [1] * 18 + [2] * 3  # the padding: three distinct real samples
 
 
 def test_two_val_shards_cover_the_dataset_once(solid_folder):
@@ -178,10 +178,10 @@ def test_two_val_shards_cover_the_dataset_once(solid_folder):
 def test_two_train_shards_run_equal_full_batches_and_cover_the_dataset(solid_folder):
     shards = [batch_sizes_and_identities(ClassifyTrainPipeline(4, 2, None, str(solid_folder), crop_size=24,
                                                                shard_id=s, num_shards=2, seed=5)) for s in range(2)]
-    # 10 and 11 samples: both shards are padded to 3 batches of 4, with repeats of their own samples
+    # 21 samples and 3 distinct ones repeated: two shards of 3 batches of 4, as DistributedSampler pads
     assert [sizes for sizes, _ in shards] == [[4, 4, 4], [4, 4, 4]]
-    assert not set(shards[0][1]) & set(shards[1][1])
-    assert sorted(set(shards[0][1]) | set(shards[1][1])) == EVERYTHING
+    counts = Counter(shards[0][1] + shards[1][1])
+    assert sorted(counts) == EVERYTHING and sorted(counts.values()) == [1] * 18 + [2] * 3
 
 
 def test_same_seed_same_batches_other_seed_different(texture_folder):
@@ -211,6 +211,32 @@ def test_val_resizes_shorter_side_before_the_crop(solid_folder):
     pipe = ClassifyValPipeline(3, 1, None, str(solid_folder), crop_size=20, resize_size=24)
     images = next(iter(classify_iterator(pipe)))[0]["data"]
     assert images.shape == (3, 3, 20, 20)
+
+
+def exif_rotated(path, size=(64, 48)):
+    """A JPEG, red on its left half and blue on its right, that asks viewers to turn it 90 degrees (EXIF 6)."""
+    pixels = np.zeros((size[1], size[0], 3), np.uint8)
+    pixels[:, :size[0] // 2, 0] = pixels[:, size[0] // 2:, 2] = 255
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.fromarray(pixels).save(path, quality=95, exif=exif)
+
+
+def test_exif_orientation_is_not_applied_as_in_torchvision(tmp_path):
+    """torchvision's PIL loader ignores EXIF orientation; so do the pipelines, so that a photo reaches the model the
+    same way whichever loader reads it."""
+    exif_rotated(tmp_path / "exif" / "c" / "a.jpg")
+    torchvision_image = np.asarray(ImageFolder(str(tmp_path / "exif"))[0][0])
+    assert torchvision_image.shape == (48, 64, 3) and torchvision_image[:, :8, 0].mean() > 200  # not turned
+    image = unnormalize(next(iter(classify_iterator(ClassifyValPipeline(
+        1, 1, None, str(tmp_path / "exif"), crop_size=48, resize_size=48))))[0]["data"])[0]
+    assert image[:, :8, 0].mean() > 200 and image[:, -8:, 2].mean() > 200  # red left, blue right: not turned
+    train = next(iter(classify_iterator(ClassifyTrainPipeline(1, 1, None, str(tmp_path / "exif"), crop_size=16,
+                                                              random_area=(1.0, 1.0), random_aspect_ratio=(4 / 3, 4 / 3),
+                                                              seed=0))))[0]["data"]
+    columns = unnormalize(train)[0].mean(axis=0)  # flipped or not, one side red and the other blue
+    assert {columns[:4, 0].mean() > 200, columns[-4:, 0].mean() > 200} == {True, False}
 
 
 def photo_like(h, w, seed=0):
@@ -334,11 +360,27 @@ def test_two_train_shards_cover_every_sample_each_epoch_as_shard_order_changes(s
     for _ in range(3):
         seen = [[pair for b in it for pair in zip(identities(b[0]["data"]), b[0]["label"].squeeze(-1).tolist())]
                 for it in loaders]
-        assert [len(s) for s in seen] == [12, 12]  # 10 and 11 samples, each filled up to 3 batches of 4
-        assert not set(seen[0]) & set(seen[1])
-        assert sorted(set(seen[0]) | set(seen[1])) == expected_pairs("train")
+        assert [len(s) for s in seen] == [12, 12]  # 21 samples and 3 distinct ones repeated: 3 batches of 4 each
+        counts = Counter(seen[0] + seen[1])
+        assert sorted(counts) == expected_pairs("train") and sorted(counts.values()) == [1] * 18 + [2] * 3
         orders.append(seen[0])
     assert orders[0] != orders[1] != orders[2]
+
+
+@pytest.mark.parametrize("fmt", ["folder", *FORMATS])
+@pytest.mark.parametrize("batch_size,repeated", [(8, 3), (16, 11), (64, 43)])
+def test_training_pads_with_distinct_samples_of_the_set(split_root, fmt, batch_size, repeated):
+    """21 samples in batches of 8, 16 or 64: 3, 11 or 43 samples more make whole batches; they are distinct real
+    samples while the set has enough (as DistributedSampler pads), never copies of one."""
+    data = split_root / "train" if fmt == "folder" else to_shards(split_root, fmt) / "train"
+    it = classify_iterator(ClassifyTrainPipeline(batch_size, 1, None, str(data), crop_size=8, seed=2))
+    assert len(it) == -(-21 // batch_size)
+    for _ in range(2):
+        seen = [pair for b in it for pair in zip(identities(b[0]["data"]), b[0]["label"].squeeze(-1).tolist())]
+        counts = Counter(seen)
+        assert len(seen) == 21 + repeated and sorted(counts) == expected_pairs("train")
+        assert max(counts.values()) - 1 == -(-repeated // 21)  # as evenly as can be
+        assert sum(n - 1 for n in counts.values()) == repeated
 
 
 class RawRead(ClassifyValPipeline):
@@ -441,6 +483,35 @@ def test_index_of_a_rewritten_shard_is_rebuilt(split_root, fmt):
             assert json.load(f)["shard"] == {"bytes": os.stat(shard).st_size, "mtime_ns": os.stat(shard).st_mtime_ns}
 
 
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_index_of_a_shard_rewritten_at_the_same_size_and_time_is_rebuilt(split_root, fmt, tmp_path):
+    """cp -p and rsync -a keep a shard's modification time: a shard rewritten with the same samples in another order
+    (so of the same size) and its old time must not be read through its old index."""
+    big = 100  # one shard per split: its size does not depend on the order of its samples
+    make_shards(str(split_root), str(tmp_path / "a"), fmt, big, 0)
+    make_shards(str(split_root), str(tmp_path / "b"), fmt, big, 1)
+    (shard,) = shard_files(str(tmp_path / "a" / "train"), fmt)
+    other = shard.replace(str(tmp_path / "a"), str(tmp_path / "b"))
+    assert os.path.getsize(shard) == os.path.getsize(other) and open(shard, "rb").read() != open(other, "rb").read()
+    stat = os.stat(shard)
+    shutil.copyfile(other, shard)
+    os.utime(shard, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert os.stat(shard).st_mtime_ns == stat.st_mtime_ns and os.stat(shard).st_size == stat.st_size
+    assert epoch_pairs(ClassifyValPipeline(4, 1, None, str(tmp_path / "a" / "train"), crop_size=16)) == \
+        expected_pairs("train")
+    assert open(shard + ".idx").read() == open(other + ".idx").read()  # the index of what the shard now holds
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_shard_set_that_lost_a_shard_is_refused(split_root, fmt):
+    dst = to_shards(split_root, fmt)
+    lost = shard_files(str(dst / "train"), fmt)[1]
+    os.remove(lost)
+    with pytest.raises(DataError, match=f"^{re.escape(lost)}: missing, but {re.escape(str(dst / 'manifest.json'))} "
+                                        f"lists it \\(1 of 3 shards missing\\)"):
+        ClassifyTrainPipeline(4, 1, None, str(dst / "train"))
+
+
 def last_index_line(shard):
     with open(shard + ".idx") as f:
         return f.read().split("\n")[-2].split()
@@ -524,6 +595,19 @@ def test_find_undecodable_names_the_sample_in_a_shard(split_root, fmt):
             for _ in range(int(sample)):
                 f.seek(struct.unpack("<Q", f.read(8))[0] + 8, os.SEEK_CUR)
             assert b"not a png" in f.read(8 + struct.unpack("<Q", f.read(8))[0] + 4)
+
+
+def test_find_undecodable_names_an_image_that_only_pil_reads(solid_folder, tmp_path):
+    """A GIF saved as .jpg, common in scraped sets: PIL opens it, DALI's decoder does not."""
+    bad = solid_folder / "b c" / "img2.png"
+    Image.new("RGB", (40, 40), (1, 2, 3)).save(bad, format="GIF")
+    with Image.open(bad) as image:
+        image.load()  # PIL reads it
+    assert find_undecodable(ClassifyValPipeline(2, 1, None, str(solid_folder))) == str(bad)
+    with pytest.raises(DataError, match=f"^{re.escape(str(bad))}: cannot decode this image"):
+        with pipelines.decode_errors_named(pipe := ClassifyValPipeline(2, 1, None, str(solid_folder))):
+            for _ in classify_iterator(pipe):
+                pass
 
 
 @pytest.mark.parametrize("p", [1.0, 0.5, 0.0])
@@ -755,14 +839,14 @@ def test_segment_val_shards_cover_the_dataset_once(seg_files):
 
 
 def test_train_epoch_over_uneven_shards_runs_equal_full_batches_of_real_samples(seg_files):
-    imgs, lbls = seg_files[0][:9], seg_files[1][:9]  # 9 samples over 2 shards: 5 and 4
+    imgs, lbls = seg_files[0][:9], seg_files[1][:9]  # 9 samples over 2 shards, batch 2: 3 distinct ones repeated
     loaders = [seg_loader(imgs, lbls, batch_size=2, mode="train", size=(SEG_H, SEG_W), shard_id=shard,
                           num_shards=2, seed=5, **NO_AUGMENT) for shard in range(2)]
     for epoch in range(2):
         shards = []
         for loader in loaders:
             batches = list(loader)
-            assert len(batches) == len(loader) == 3  # ceil(5 / 2) on both shards
+            assert len(batches) == len(loader) == 3  # 12 samples: 6 a shard
             ids = []
             for batch in batches:
                 images, masks = batch[0]["image"], batch[0]["mask"]
@@ -771,12 +855,9 @@ def test_train_epoch_over_uneven_shards_runs_equal_full_batches_of_real_samples(
                     np.testing.assert_array_equal(mask.transpose(1, 2, 0), seg_mask(k))  # aligned, real
                     ids.append(k)
             shards.append(ids)
-        distinct = [set(ids) for ids in shards]
-        assert not distinct[0] & distinct[1]
-        assert distinct[0] | distinct[1] == set(range(9))  # every sample this epoch
-        # the 4-sample shard's third batch repeats its own samples (DALI repeats the shard's last one)
-        short = min(shards, key=lambda ids: len(set(ids)))
-        assert len(set(short)) == 4 and short[-2:] == [short[-3]] * 2
+        counts = Counter(shards[0] + shards[1])
+        assert sorted(counts) == list(range(9))  # every sample this epoch
+        assert sorted(counts.values()) == [1] * 6 + [2] * 3  # and three distinct ones twice, nothing else
 
 
 def test_pairs_by_position_whatever_the_names(tmp_path):
@@ -1024,6 +1105,18 @@ def test_truncated_npy(seg_files):
         SegmentValPipeline(2, 1, None, imgs, lbls)
 
 
+def test_float_images_with_nan_or_inf_are_refused(tmp_path):
+    images = [np.full((SEG_H, SEG_W), 0.5, np.float32) for _ in range(4)]
+    images[2][3, 4] = np.nan
+    imgs, lbls = save_pairs(tmp_path, images, [seg_mask(k) for k in range(4)])
+    with pytest.raises(DataError, match=f"^{re.escape(imgs[2])}: holds NaN or infinite pixels"):
+        seg_pipe(imgs, lbls, batch_size=2, mode="train")
+    images[2][3, 4] = np.inf
+    np.save(imgs[2], images[2])
+    with pytest.raises(DataError, match=f"^{re.escape(imgs[2])}: holds NaN or infinite pixels"):
+        seg_pipe(imgs, lbls, batch_size=2, mode="eval")
+
+
 def test_not_an_npy_file(seg_files):
     imgs, lbls = seg_files
     with open(imgs[5], "w") as f:
@@ -1220,3 +1313,12 @@ def test_progress_prints_count_rate_and_eta_only_for_long_jobs(monkeypatch):
                                            "indexing shards: 7 done in 16 s"]
     quiet = io.StringIO()
     assert list(pipelines.progress(range(2), 2, "quick", every=5, out=quiet)) == [0, 1] and quiet.getvalue() == ""
+
+
+@gpu
+def test_gpu_and_cpu_leave_exif_orientation_alone(tmp_path):
+    exif_rotated(tmp_path / "exif" / "c" / "a.jpg")
+    cpu, gpu_ = (unnormalize(next(iter(classify_iterator(ClassifyValPipeline(
+        1, 1, device_id, str(tmp_path / "exif"), crop_size=48, resize_size=48))))[0]["data"])[0] for device_id in (None, 0))
+    assert cpu.shape == gpu_.shape == (48, 48, 3) and np.abs(cpu - gpu_).mean() < 2
+    assert gpu_[:, :8, 0].mean() > 200 and gpu_[:, -8:, 2].mean() > 200  # red left, blue right: not turned
