@@ -394,13 +394,17 @@ def make_csv_file_npy(dst_root, valid_fraction=0.2, seed=42):
     return counts
 
 
-def prepare(root, valid_fraction=0.2, seed=42):
+def prepare(root, valid_fraction=0.2, seed=42, demo=False):
     """The prepared root for ``root``, which is one of:
 
     - a prepared root (has ``csv_file/train.csv`` and ``csv_file/valid.csv``): returned as is;
     - a PNG root (has ``Images/`` and ``Masks/``): converted and split into ``root/npy``, which
       is returned. Running it again only redoes what changed.
+
+    With ``demo``, the synthetic demo PNG set is written into ``root`` first (``make_demo_pngs``).
     """
+    if demo:
+        make_demo_pngs(root)
     if all(os.path.isfile(os.path.join(root, "csv_file", f"{split}.csv")) for split in SPLITS):
         return root
     if not any(os.path.isdir(os.path.join(root, kind)) for kind in ("Images", "Masks")):

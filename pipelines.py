@@ -30,6 +30,7 @@ import itertools
 import json
 import math
 import os
+import random
 import re
 import shutil
 import struct
@@ -41,6 +42,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
+from PIL import Image
+from torchvision.utils import draw_segmentation_masks, make_grid, save_image
 from nvidia.dali import math as dmath
 from nvidia.dali import ops, tfrecord, types
 from nvidia.dali.pipeline import OperatorConcurrency, Pipeline
@@ -88,17 +91,22 @@ class _ClassifyPipeline(Pipeline):
                  output_layout="CHW", file_list=None, shard_id=0, num_shards=1, seed=None, label_offset=0,
                  num_classes=None, classes=None, hw_decoder_load=DEFAULT_HW_DECODER_LOAD,
                  device_memory_padding=DEVICE_MEMORY_PADDING, host_memory_padding=HOST_MEMORY_PADDING,
-                 prefetch_queue_depth=2, **pipeline_kwargs):
+                 decoder_cache=None, prefetch_queue_depth=2, **pipeline_kwargs):
         super().__init__(batch_size, num_threads, device_id, seed=seed, prefetch_queue_depth=prefetch_queue_depth,
                          **cpu_concurrency(device_id, pipeline_kwargs))
         self.decoder_device, self.device = ("cpu", "cpu") if device_id is None else ("mixed", "gpu")
+        # decoder_cache (MB, on a GPU): whole images decoded once into DALI's GPU cache, where the next epochs find
+        # them; a per-process cache needs each process to keep its shard every epoch (stick_to_shard).
+        self.cached = device_id is not None and decoder_cache is not None
+        cache = dict(cache_size=decoder_cache, cache_type="threshold", cache_threshold=0) if self.cached else {}
         # EXIF orientation is not applied, as torchvision's PIL loader does not apply it: the same pixels either way.
         self.decoder_args = dict(adjust_orientation=False) if device_id is None else dict(
             adjust_orientation=False, hw_decoder_load=hw_decoder_load, device_memory_padding=device_memory_padding,
-            host_memory_padding=host_memory_padding)
+            host_memory_padding=host_memory_padding, **cache)
         self.read = ClassifyReader(data_dir, file_list, classes=classes, num_classes=num_classes, label_offset=label_offset,
-                                   shard_id=shard_id, num_shards=num_shards, shuffle=shuffle, batch_size=batch_size)
-        self.layout, self.files, self.classes = self.read.layout, self.read.files, self.read.classes
+                                   shard_id=shard_id, num_shards=num_shards, shuffle=shuffle, batch_size=batch_size,
+                                   stick_to_shard=self.cached, skip_cached_images=bool(cache and decoder_cache))
+        self.layout, self.files, self.classes, self.num_shards = self.read.layout, self.read.files, self.read.classes, num_shards
         self.num_classes, self.num_samples = self.read.num_classes, self.read.num_samples
         self.output_layout = choice("output_layout", output_layout, {"CHW": "CHW", "HWC": "HWC"})
         self.normalize = ops.CropMirrorNormalize(
@@ -117,9 +125,9 @@ class ClassifyTrainPipeline(_ClassifyPipeline):
     ``num_shards``, ``seed``, ``file_list``, ``dtype``, ``output_layout``, ``random_area``,
     ``random_aspect_ratio``, ``random_erase``, ``label_offset`` (subtracted from stored labels: 1 for
     TensorFlow's ImageNet TFRecords, which store 1..1000), ``num_classes``, ``classes`` (the training class
-    names, which number a folder's labels), ``hw_decoder_load``, the decoder's memory paddings,
-    ``prefetch_queue_depth``; the rest goes to DALI's ``Pipeline`` (``enable_checkpointing``, ``checkpoint``,
-    ``exec_dynamic``, ...).
+    names, which number a folder's labels), ``hw_decoder_load``, the decoder's memory paddings, ``decoder_cache``
+    (MB of GPU memory for decoded images; None: decode only the crop's window, uncached), ``prefetch_queue_depth``;
+    the rest goes to DALI's ``Pipeline`` (``enable_checkpointing``, ``checkpoint``, ``exec_dynamic``, ...).
     """
 
     last_batch_policy = LastBatchPolicy.FILL  # see classify_iterator
@@ -130,18 +138,22 @@ class ClassifyTrainPipeline(_ClassifyPipeline):
         cast_after_erase = random_erase and dtype == "float16"
         super().__init__(batch_size, num_threads, device_id, data_dir, shuffle=True, crop_size=crop_size,
                          dtype="float32" if cast_after_erase else dtype, **kwargs)
-        # Decoding only the random crop's window saves work on large images.
-        self.decode = ops.decoders.ImageRandomCrop(
-            device=self.decoder_device, output_type=types.RGB, random_area=list(random_area),
-            random_aspect_ratio=list(random_aspect_ratio), num_attempts=100, **self.decoder_args)
-        if device_id is None:  # torch's resize: the same filter, several times faster than DALI 2.4's on the CPU
-            self.resize = ops.PythonFunction(
-                function=functools.partial(resize_with_torch, torch_threads(num_threads), num_threads,
-                                           (crop_size, crop_size), True),
-                num_outputs=1, batch_processing=True, output_layouts="CHW")
-        else:
-            self.resize = ops.Resize(device=self.device, resize_x=crop_size, resize_y=crop_size,
-                                     interp_type=types.INTERP_TRIANGULAR, antialias=True)
+        crop = dict(random_area=list(random_area), random_aspect_ratio=list(random_aspect_ratio), num_attempts=100)
+        if self.cached:  # the whole image, cached, then the random crop of it on the GPU: the same distribution
+            self.decode = ops.decoders.Image(device="mixed", output_type=types.RGB, **self.decoder_args)
+            self.resize = ops.RandomResizedCrop(device="gpu", size=[crop_size, crop_size], **crop,
+                                                interp_type=types.INTERP_TRIANGULAR, antialias=True)
+        else:  # decoding only the random crop's window saves work on large images
+            self.decode = ops.decoders.ImageRandomCrop(device=self.decoder_device, output_type=types.RGB, **crop,
+                                                       **self.decoder_args)
+            if device_id is None:  # torch's resize: the same filter, several times faster than DALI 2.4's on the CPU
+                self.resize = ops.PythonFunction(
+                    function=functools.partial(resize_with_torch, torch_threads(num_threads), num_threads,
+                                               (crop_size, crop_size), True),
+                    num_outputs=1, batch_processing=True, output_layouts="CHW")
+            else:
+                self.resize = ops.Resize(device=self.device, resize_x=crop_size, resize_y=crop_size,
+                                         interp_type=types.INTERP_TRIANGULAR, antialias=True)
         self.flip = ops.random.CoinFlip(probability=0.5)
         self.erase = self.erase_random_box if random_erase else unchanged
         if random_erase:
@@ -470,8 +482,8 @@ NOISE_CHUNK = 1 << 16
 PROGRESS_EVERY = 5.0
 
 
-def progress(items, total, what, every=PROGRESS_EVERY, out=sys.stderr):
-    """``items``, passed through, with a line on ``out`` every ``every`` seconds: ``what``, the count of ``total``, the
+def progress(items, total, what, every=PROGRESS_EVERY, out=None):
+    """``items``, passed through, with a line on ``out`` (stderr) every ``every`` seconds: ``what``, the count of ``total``, the
     rate and the ETA; one line at a time, so that it reads the same on a terminal and in a cluster log. A job done
     within the first ``every`` seconds prints nothing; one that printed ends with a line of its total time."""
     start = last = time.perf_counter()
@@ -481,10 +493,10 @@ def progress(items, total, what, every=PROGRESS_EVERY, out=sys.stderr):
         if (now := time.perf_counter()) - last >= every:
             last, rate = now, done / (now - start)
             eta = f", eta {round((total - done) / rate)} s" if total else ""
-            print(f"{what}: {done:,}/{total:,} ({100 * done / max(total, 1):.0f} %), {rate:,.1f}/s{eta}", file=out,
-                  flush=True)
+            print(f"{what}: {done:,}/{total:,} ({100 * done / max(total, 1):.0f} %), {rate:,.1f}/s{eta}",
+                  file=out or sys.stderr, flush=True)
     if last > start:
-        print(f"{what}: {done:,} done in {time.perf_counter() - start:.0f} s", file=out, flush=True)
+        print(f"{what}: {done:,} done in {time.perf_counter() - start:.0f} s", file=out or sys.stderr, flush=True)
 
 
 def unchanged(data):
@@ -607,9 +619,9 @@ class ClassifyReader:
     """
 
     def __init__(self, data_dir, file_list, *, classes, num_classes, label_offset, shard_id, num_shards, shuffle,
-                 batch_size):
+                 batch_size, stick_to_shard=False, skip_cached_images=False):
         args = dict(shard_id=shard_id, num_shards=num_shards, random_shuffle=shuffle, pad_last_batch=True,
-                    name="Reader")
+                    stick_to_shard=stick_to_shard, skip_cached_images=skip_cached_images, name="Reader")
         self.label_offset = label_offset
         self.layout = "folder" if file_list is not None else find_layout(data_dir)
         if file_list is not None:
@@ -1032,6 +1044,29 @@ def find_undecodable(pipe):
     return None
 
 
+def decoded_size(pipe, sample=256):
+    """MB that the images of ``pipe``'s shard take decoded (8-bit RGB), estimated from the headers of a sample of
+    them: what a decoder cache must hold for every epoch after the first to find them all there."""
+    files = random.Random(0).sample(pipe.files, min(len(pipe.files), sample if pipe.layout == "folder" else 8))
+    samples = itertools.islice(itertools.chain.from_iterable(_samples(pipe.layout, f) for f in files), sample)
+    pixels = [math.prod(Image.open(io.BytesIO(data)).size) for _, data in samples]
+    return 3 * sum(pixels) / max(1, len(pixels)) * math.ceil(pipe.num_samples / pipe.num_shards) / 2 ** 20
+
+
+def plan_decoder_cache(mode, pipes):
+    """(MB of decoder cache for each of ``pipes``, or None; a line saying which and why). ``mode`` "on", "off", or
+    "auto": on when the pipelines' shares of decoded images fit in half the GPU's free memory, the rest left to the
+    model. CPU-only pipelines have no cache."""
+    if mode == "off" or pipes[0].device_id is None:
+        return None, None
+    need = [1.1 * decoded_size(p) for p in pipes]  # 1.1: room for the estimate's error
+    free = torch.cuda.mem_get_info(pipes[0].device_id)[0] / 2 ** 20
+    on = mode == "on" or sum(need) < free / 2
+    return [math.ceil(n) for n in need] if on else None, (
+        f"decoder cache {'on' if on else 'off'} ({mode}): this process's images take about {sum(need) / 1024:.1f} GB "
+        f"decoded, and {free / 1024:.1f} GB of GPU memory are free")
+
+
 @contextlib.contextmanager
 def decode_errors_named(pipe):
     """A DALI error caused by an image of ``pipe``'s that cannot be decoded becomes a ``DataError`` naming it."""
@@ -1171,3 +1206,66 @@ def check_segmentation_files(imgs, lbls):
                                 f"is {first_shape} {first_dtype} (all {what}s of a set share their number of "
                                 f"dimensions, channels and dtype)")
     return first_image, first_mask
+
+
+# segmentation overlays -----------------------------------------------------------------------------------
+
+def save_overlay(path, images, masks, preds, num_classes):
+    """A PNG of a segmentation batch: a row per image (any normalization, 1 or 3 channels), its ground truth
+    ``masks`` drawn on it, then the predictions ``preds``, both (B, H, W) class indices."""
+    # Each image stretched to 0..255 on its own: right for any normalization and channel count.
+    low, high = images.amin(dim=(1, 2, 3), keepdim=True), images.amax(dim=(1, 2, 3), keepdim=True)
+    images = (255 * (images - low) / (high - low).clamp(min=1e-6)).to(torch.uint8).expand(-1, 3, -1, -1).cpu()
+    classes = torch.arange(1, max(2, num_classes))[:, None, None]  # foreground classes; background stays bare
+    palette = ["#00ff00", "#ff00ff", "#00ffff", "#ffff00", "#ff8000", "#0080ff"]
+    colors = [palette[i % len(palette)] for i in range(len(classes))]
+    tiles = [draw_segmentation_masks(image, labels[None] == classes, alpha=0.45, colors=colors)
+             for image, mask, pred in zip(images, masks.cpu(), preds.cpu()) for labels in (mask, pred)]
+    with atomic_open(path) as f:
+        save_image(make_grid(tiles, nrow=2, padding=4).float() / 255, f, format="png")
+
+
+# the built-in classification demo set (train_classify.py --data demo) -----------------------------------
+
+DEMO_CLASSES = ["circle", "square", "triangle", "ring", "cross", "stripes"]
+
+
+def demo_image(k, rng):
+    """Class ``k``'s shape in its own hue band, at a random place, size and angle, on a noisy colour gradient."""
+    h, w = (int(v) for v in rng.integers(80, 113, size=2))
+    yy, xx = np.mgrid[0:h, 0:w].astype(np.float64)
+    background = rng.integers(0, 256, 3) + rng.normal(0, 12, (h, w, 3)) + (
+        xx[..., None] * rng.uniform(-80, 80, 3) + yy[..., None] * rng.uniform(-80, 80, 3)) / max(h, w)
+    hue = int(255 * ((k / len(DEMO_CLASSES) + rng.uniform(-0.04, 0.04)) % 1))
+    hsv = Image.new("HSV", (1, 1), (hue, int(rng.integers(170, 256)), int(rng.integers(170, 256))))
+    r, angle = rng.uniform(0.25, 0.4) * min(h, w), rng.uniform(0, 2 * np.pi)
+    x, y = xx - rng.uniform(r, w - r), yy - rng.uniform(r, h - r)
+    u, v = x * np.cos(angle) + y * np.sin(angle), y * np.cos(angle) - x * np.sin(angle)  # turned with the shape
+    d, edge = np.hypot(u, v), np.maximum(abs(u), abs(v))
+    inside = {"circle": d < r, "ring": abs(d - 0.83 * r) < r / 6, "square": edge < 0.71 * r,
+              "triangle": (v < r / 2) & (np.sqrt(3) * abs(u) - v < r),
+              "cross": (np.minimum(abs(u), abs(v)) < r / 4) & (edge < r),
+              "stripes": np.sin(u * 2 * np.pi / rng.uniform(8, 14)) > 0}[DEMO_CLASSES[k]]
+    image = np.where(inside[..., None], np.array(hsv.convert("RGB").getpixel((0, 0))), background)
+    return Image.fromarray(np.clip(image, 0, 255).astype(np.uint8))
+
+
+def make_demo_images(root, train_per_class=120, val_per_class=30, seed=0):
+    """The demo set: JPEGs in ImageFolder layout (``root/{train,val}/<class>/<n>.jpg``), the same bytes every time.
+    Built in a temporary folder and renamed into place, so that an interrupted build is never used; of two builds
+    at once, the first rename wins and the other uses that set."""
+    if not os.path.isdir(root):
+        tmp = f"{root}.tmp-{os.getpid()}"
+        for s, (split, count) in enumerate((("train", train_per_class), ("val", val_per_class))):
+            for k, name in enumerate(DEMO_CLASSES):
+                os.makedirs(os.path.join(tmp, split, name))
+                for i in range(count):
+                    demo_image(k, np.random.default_rng([seed, s, k, i])).save(
+                        os.path.join(tmp, split, name, f"{i:04d}.jpg"), quality=90)
+        try:
+            os.rename(tmp, root)
+        except OSError:  # another build renamed its copy first: the same bytes, so use it
+            shutil.rmtree(tmp)
+            if not os.path.isdir(root):
+                raise
+    return root

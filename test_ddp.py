@@ -5,8 +5,10 @@ On a machine with GPUs, more processes than GPUs are refused with one line."""
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -158,3 +160,36 @@ def test_more_processes_than_gpus_is_refused_with_one_line(tmp_path):
     assert (f"error: LOCAL_RANK {gpus}: this machine shows {gpus} CUDA device(s) and each process needs one; "
             f"start at most that many (torchrun --nproc_per_node)") in proc.stderr, proc.stderr[-3000:]
     assert "invalid device ordinal" not in proc.stderr and "destroy_process_group" not in proc.stderr
+
+
+def test_sigterm_stops_every_rank_at_one_step_with_one_checkpoint(tmp_path):
+    """torchrun forwards SIGTERM (a preemption) to every process: they agree on one step, rank 0 saves the checkpoint
+    of that step with both ranks' DALI and random state, says so once, and the run resumes from it."""
+    for split, n in (("train", 160), ("val", 8)):
+        for i in range(n):
+            os.makedirs(tmp_path / "data" / split / f"c{i % 2}", exist_ok=True)
+            Image.fromarray(np.full((64, 80, 3), (i % 250, 90, 160), np.uint8)).save(
+                tmp_path / "data" / split / f"c{i % 2}" / f"{i}.png")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29522",
+           os.path.join(HERE, "train_classify.py"), "--data", str(tmp_path / "data"), "--arch", "resnet18",
+           "--train-crop-size", "32", "--val-crop-size", "32", "--val-resize-size", "32", "--batch-size", "4",
+           "--workers", "1", "--dali-device", "cpu", "--print-freq", "1", "--epochs", "1",
+           "--output-dir", str(tmp_path / "out")]
+    proc = subprocess.Popen(cmd, cwd=HERE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=CPU_ENV)
+    metrics = tmp_path / "out" / "metrics.jsonl"
+    deadline = time.time() + 300
+    while not (metrics.exists() and sum(json.loads(r)["type"] == "train" for r in metrics.read_text().splitlines()) >= 2):
+        assert proc.poll() is None and time.time() < deadline, proc.stderr.read()[-3000:]
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGTERM)
+    stderr = proc.communicate(timeout=300)[1]
+    ckpt = torch.load(tmp_path / "out" / "checkpoint.pth", weights_only=True)
+    assert ckpt["world_size"] == 2 and len(ckpt["dali"]) == len(ckpt["rng"]) == len(ckpt["loss_sum"]) == 2
+    assert 2 <= ckpt["step"] < 20  # 80 samples a rank, batch 4
+    assert stderr.count("stopped by SIGTERM at epoch 1 step") == 1, stderr[-3000:]
+    assert f"step {ckpt['step']}: saved {tmp_path / 'out' / 'checkpoint.pth'}" in stderr
+    resumed = subprocess.run(cmd[:4] + ["--master_port=29523"] + cmd[5:] + ["--resume", str(tmp_path / "out" / "checkpoint.pth")],
+                             cwd=HERE, capture_output=True, text=True, timeout=600, env=CPU_ENV)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    train = [json.loads(r) for r in metrics.read_text().splitlines() if json.loads(r)["type"] == "train"]
+    assert [r["global_step"] for r in train] == list(range(1, 21))

@@ -1322,3 +1322,61 @@ def test_gpu_and_cpu_leave_exif_orientation_alone(tmp_path):
         1, 1, device_id, str(tmp_path / "exif"), crop_size=48, resize_size=48))))[0]["data"])[0] for device_id in (None, 0))
     assert cpu.shape == gpu_.shape == (48, 48, 3) and np.abs(cpu - gpu_).mean() < 2
     assert gpu_[:, :8, 0].mean() > 200 and gpu_[:, -8:, 2].mean() > 200  # red left, blue right: not turned
+
+
+def first_batches(it, n):
+    """The next ``n`` batches of a classification iterator, across epochs, on the CPU."""
+    out = []
+    while len(out) < n:
+        for batch in it:
+            out.append((batch[0]["data"].cpu(), batch[0]["label"].cpu()))
+            if len(out) == n:
+                break
+    return out
+
+
+def same_batches(a, b):
+    return len(a) == len(b) and all(torch.equal(x, z) and torch.equal(y, w) for (x, y), (z, w) in zip(a, b))
+
+
+def test_cpu_pipelines_ignore_the_decoder_cache(texture_folder):
+    plain, told = (first_batches(classify_iterator(ClassifyTrainPipeline(2, 2, None, str(texture_folder), crop_size=24,
+                                                                         seed=3, **kwargs)), 8)
+                   for kwargs in ({}, {"decoder_cache": 64}))
+    assert same_batches(plain, told)
+    assert pipelines.plan_decoder_cache("on", [ClassifyValPipeline(2, 1, None, str(texture_folder))]) == (None, None)
+
+
+@gpu
+def test_gpu_decoder_cache_gives_the_batches_of_the_same_pipeline_without_it(texture_folder):
+    """Whole images decoded into DALI's GPU cache, then cropped on the GPU: over 2.5 epochs (the first fills the
+    cache, the next find every image there) the batches are bit for bit those of the same pipeline with no cache."""
+    def batches(cache):  # 12 images in batches of 2: 6 a epoch
+        return first_batches(classify_iterator(ClassifyTrainPipeline(2, 2, 0, str(texture_folder), crop_size=24,
+                                                                     seed=3, decoder_cache=cache)), 15)
+
+    plain, cached = batches(0), batches(64)
+    assert plain[0][0].shape == (2, 3, 24, 24) and same_batches(plain, cached)
+    assert not same_batches(plain, first_batches(classify_iterator(ClassifyTrainPipeline(  # the crop-decode path
+        2, 2, 0, str(texture_folder), crop_size=24, seed=3)), 15))
+
+
+@gpu
+def test_gpu_decoder_cache_resumes_from_a_checkpoint_with_the_same_batches(texture_folder):
+    def loader(**kwargs):
+        return classify_iterator(ClassifyTrainPipeline(2, 2, 0, str(texture_folder), crop_size=24, seed=5,
+                                                       decoder_cache=64, enable_checkpointing=True, **kwargs))
+
+    it = loader()
+    first_batches(it, 8)  # into the second epoch: the cache holds every image
+    checkpoint = it.checkpoints()[0]
+    assert same_batches(first_batches(it, 7), first_batches(loader(checkpoint=checkpoint), 7))
+
+
+@gpu
+def test_gpu_cached_validation_sees_every_sample_once_per_epoch_on_two_shards(solid_folder):
+    loaders = [classify_iterator(ClassifyValPipeline(4, 1, 0, str(solid_folder), crop_size=24, shard_id=s,
+                                                     num_shards=2, decoder_cache=64)) for s in range(2)]
+    for _ in range(3):  # the first epoch fills the caches; each shard keeps its own samples
+        seen = [sample for it in loaders for batch in it for sample in identities(batch[0]["data"])]
+        assert sorted(seen) == EVERYTHING

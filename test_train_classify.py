@@ -110,6 +110,18 @@ def test_demo_learns_on_the_gpu(tmp_path):
     assert ckpt["args"]["dali_device"] == "gpu" and ckpt["step"] == -(-6 * 120 // 32)
 
 
+@gpu
+def test_demo_learns_on_the_gpu_with_the_decoder_cache(tmp_path):
+    out = str(tmp_path)
+    run("--data", "demo", "--epochs", "2", "--print-freq", "5", "--amp", "bf16", "--channels-last",
+        "--decoder-cache", "on", "--output-dir", out, env=os.environ)
+    (decision,) = records(out, "decoder_cache")
+    assert len(decision["mb"]) == 2 and all(mb > 0 for mb in decision["mb"])
+    epochs = records(out, "epoch")
+    assert epochs[-1]["val_top1"] >= 50 and epochs[-1]["train_loss"] < epochs[0]["train_loss"], epochs
+    assert torch.load(os.path.join(out, "checkpoint.pth"), weights_only=True)["decoder_cache"] == decision["mb"]
+
+
 def test_compile_trains_as_eager_and_saves_the_plain_model(tmp_path):
     """--compile (torch.compile, inductor) computes the eager model's loss, up to float rounding, and its checkpoint
     holds the plain model's weights: --evaluate without --compile reproduces the run's accuracy. One step (4 images,
@@ -198,6 +210,11 @@ def assert_resume_is_exact(script, data_flags, tmp_path):
     # the losses logged after the resume are the uninterrupted run's
     after = [(r["epoch"], r["step"], r["loss"]) for r in records(broken, "train") if r["epoch"] == 2]
     assert after == [(r["epoch"], r["step"], r["loss"]) for r in records(whole, "train") if r["epoch"] == 2]
+    # metrics.jsonl holds each step once, as the uninterrupted run logged it, and each epoch's loss over all its steps
+    logged = [(r["epoch"], r["step"], r["global_step"]) for r in records(broken, "train")]
+    assert logged == [(r["epoch"], r["step"], r["global_step"]) for r in records(whole, "train")]
+    assert [e["train_loss"] for e in records(broken, "epoch")] == pytest.approx(
+        [e["train_loss"] for e in records(whole, "epoch")], rel=1e-9)
 
 
 def test_mid_epoch_resume_gives_the_uninterrupted_weights(tmp_path):
@@ -435,7 +452,8 @@ def test_error_unknown_arch(tmp_path):
 
 @pytest.mark.parametrize("flag,value,allowed", [("--lr", "-1", "> 0"), ("--epochs", "0", "at least 1"),
                                                 ("--label-smoothing", "1.5", "in [0, 1)"),
-                                                ("--batch-size", "1", "at least 2")])
+                                                ("--batch-size", "1", "at least 2"), ("--lr", "inf", "> 0"),
+                                                ("--wd", "nan", ">= 0"), ("--momentum", "nan", "in [0, 1)")])
 def test_error_bad_numbers(tmp_path, flag, value, allowed):
     proc = tiny_run(tiny_imagefolder(str(tmp_path / "d")), str(tmp_path / "o"), flag, value, check=False)
     assert_one_line_error(proc, flag, allowed)
@@ -550,3 +568,81 @@ def test_mid_epoch_resume_on_webdataset_shards_gives_the_uninterrupted_weights(t
     assert_resume_is_exact(SCRIPT, flags, tmp_path)
     (start,) = records(str(tmp_path / "whole"), "start")
     assert (start["layout"], start["train_samples"], start["classes"]) == ("wds", 24, 2)
+
+
+# ------------------------------------------------------------------------------------------
+# nothing lost, nothing silently wrong: divergence, preemption, flag combinations
+# ------------------------------------------------------------------------------------------
+
+
+def test_a_diverging_run_stops_with_one_line_and_keeps_the_checkpoints_there_were(tmp_path):
+    """A non-finite loss, or weights, ends the run at that step with one line; what was saved stays as it was, and
+    nothing from after the damage is saved."""
+    root = tiny_imagefolder(str(tmp_path / "d"), per_class=12)
+    out = str(tmp_path / "o")
+    tiny_run(root, out)
+    before = {name: open(os.path.join(out, name), "rb").read() for name in ("checkpoint.pth", "best.pth")}
+    proc = tiny_run(root, out, "--overwrite", "--lr", "1e30", check=False)
+    assert_one_line_error(proc, "epoch 1 step ", "went NaN or infinite", "--lr", "NaN or infinite pixels")
+    assert before == {name: open(os.path.join(out, name), "rb").read() for name in before}
+    assert all(math.isfinite(r["loss"]) for r in records(out, "train"))
+    proc = tiny_run(root, out, "--overwrite", "--lr", "1e30", "--checkpoint-every", "1", check=False)
+    assert_one_line_error(proc, "went NaN or infinite")
+    step = int(proc.stderr.strip().splitlines()[-1].split(" step ")[1].split(":")[0])
+    ckpt = torch.load(os.path.join(out, "checkpoint.pth"), weights_only=True)
+    assert ckpt["epoch"] == 1 and ckpt["step"] < step  # saved before the loss went bad, not after
+    assert all(torch.isfinite(v).all() for v in ckpt["model"].values() if v.is_floating_point())
+    assert open(os.path.join(out, "best.pth"), "rb").read() == before["best.pth"]
+
+
+def test_flag_combinations_that_cannot_work_are_refused(tmp_path):
+    root = tiny_imagefolder(str(tmp_path / "d"))
+    assert_one_line_error(tiny_run(root, str(tmp_path / "a"), "--evaluate", check=False), "--evaluate", "--resume")
+    assert_one_line_error(tiny_run(root, str(tmp_path / "b"), "--val-resize-size", "30", check=False),
+                          "--val-resize-size 30 is below --val-crop-size 32")
+    assert_one_line_error(tiny_run(root, str(tmp_path / "c"), "--lr-min", "0.5", check=False),
+                          "--lr-min 0.5 is above the learning rate, 0.00156", "would climb")
+    assert not any(os.path.exists(tmp_path / o / "checkpoint.pth") for o in "abc")
+
+
+def stop_mid_epoch(cmd, out, signum, env=CPU_ENV):
+    """Start ``cmd``; once it has logged its second training step, send it ``signum``; the finished process."""
+    proc = subprocess.Popen(cmd, cwd=HERE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+    deadline = time.time() + 300
+    while not (os.path.exists(os.path.join(out, "metrics.jsonl")) and len(records(out, "train")) >= 2):
+        assert proc.poll() is None and time.time() < deadline, proc.stderr.read()
+        time.sleep(0.01)
+    proc.send_signal(signum)
+    proc.wait(timeout=300)
+    return proc, proc.stderr.read()
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_stop_signal_saves_the_step_and_resume_ends_as_an_uninterrupted_run(tmp_path, signum):
+    """SIGTERM (preemption) and Ctrl-C stop the run at the next step, with a checkpoint of that step, one line that
+    names it and the --resume to give, and the exit status of that signal; resuming ends with the same weights."""
+    root = tiny_imagefolder(str(tmp_path / "d"), per_class=40)  # 20 steps an epoch
+    flags = ["--data", root, *TINY, "--epochs", "2"]
+    whole, stopped = str(tmp_path / "whole"), str(tmp_path / "stopped")
+    run(*flags, "--output-dir", whole)
+    proc, stderr = stop_mid_epoch([sys.executable, SCRIPT, *flags, "--output-dir", stopped], stopped, signum)
+    assert proc.returncode == 128 + signum and "Traceback" not in stderr, stderr
+    path = os.path.join(stopped, "checkpoint.pth")
+    ckpt = torch.load(path, weights_only=True)
+    assert stderr.strip().splitlines()[-1] == (
+        f"stopped by {signal.Signals(signum).name} at epoch 1 step {ckpt['step']}: saved {path}; to continue, run the "
+        f"same command with --resume {path}")
+    assert ckpt["epoch"] == 1 and 2 <= ckpt["step"] < 20
+    run(*flags, "--resume", path)
+    a, b = final_weights(whole), final_weights(stopped)
+    assert max((a[k].double() - b[k].double()).abs().max().item() for k in a) <= 1e-6
+    assert [r["global_step"] for r in records(stopped, "train")] == list(range(1, 41))
+
+
+def test_a_new_run_in_a_folder_whose_run_left_no_checkpoint_logs_alone(tmp_path):
+    root = tiny_imagefolder(str(tmp_path / "d"))
+    out = tmp_path / "o"
+    out.mkdir()
+    (out / "metrics.jsonl").write_text(json.dumps({"type": "train", "epoch": 1, "step": 1, "global_step": 1}) + "\n")
+    tiny_run(root, str(out))
+    assert len(records(str(out), "start")) == 1 and [r["step"] for r in records(str(out), "train")] == [1, 2]

@@ -239,3 +239,30 @@ def test_error_truncated_mask(tmp_path):
     with open(mask, "wb") as f:
         f.write(data[:len(data) - 100])
     assert_one_line_error(tiny(root), mask)
+
+
+def test_error_header_only_csv_names_it(tmp_path):
+    root = prepared_root(str(tmp_path / "p"))
+    csv_path = os.path.join(root, "csv_file", "valid.csv")
+    with open(csv_path, "w") as f:
+        f.write("index,images,masks\n")
+    assert_one_line_error(tiny(root), csv_path, "no rows after its header")
+
+
+def test_error_float_image_with_nan_pixels_before_training(tmp_path):
+    root = str(tmp_path / "p")
+    (tmp_path / "p" / "csv_file").mkdir(parents=True)
+    rows = ["index,images,masks"]
+    for k in range(4):
+        image = np.full((32, 32), 0.5, np.float32)
+        if k == 1:
+            image[3:5, 7] = np.nan  # a few pixels of one image
+        np.save(os.path.join(root, f"x{k}.npy"), image)
+        np.save(os.path.join(root, f"m{k}.npy"), np.zeros((32, 32), np.uint8))
+        rows.append(f"{k},x{k}.npy,m{k}.npy")
+    for split in ("train", "valid"):
+        with open(os.path.join(root, "csv_file", f"{split}.csv"), "w") as f:
+            f.write("\n".join(rows) + "\n")
+    proc = tiny(root, "--size", "32")
+    assert_one_line_error(proc, os.path.join(root, "x1.npy"), "NaN or infinite pixels")
+    assert not os.path.exists(os.path.join(root, "out", "checkpoint.pth"))

@@ -8,10 +8,8 @@
     python train_classify.py --data /data/imagenet --resume runs/classify/exp1/checkpoint.pth   # continue a run
     python train_classify.py --data /data/imagenet --resume runs/classify/exp1/best.pth --evaluate
 
---data holds train/ and val/, each an ImageFolder tree, TFRecord files or WebDataset tars (make_shards.py
-writes both). On a GPU, DALI decodes JPEGs with nvJPEG and augments on the GPU; without one, every DALI
-operator and the training run on the CPU. Under torchrun each process reads shard RANK of WORLD_SIZE on GPU
-LOCAL_RANK. Each run writes metrics.jsonl, checkpoint.pth and best.pth into its own folder (runs/classify/expN).
+--data holds train/ and val/: ImageFolder trees, TFRecord files or WebDataset tars (make_shards.py writes both).
+DALI decodes and augments on the GPU when there is one, else every operator and the training run on the CPU.
 Read top to bottom: flags, model and loss, train_one_epoch / evaluate, main; the plumbing sits below the banner.
 """
 
@@ -23,21 +21,19 @@ import fcntl
 import json
 import math
 import os
-import shutil
+import signal
 import sys
 import time
 import traceback
 from types import SimpleNamespace
 
-import numpy as np
 import torch
 import torch.distributed as dist
 import torchvision
-from PIL import Image
 from torchvision.transforms import v2
 
-from pipelines import (DEFAULT_HW_DECODER_LOAD, ClassifyTrainPipeline, ClassifyValPipeline, DataError,
-                       classify_iterator, decode_errors_named)
+from pipelines import (DEFAULT_HW_DECODER_LOAD, ClassifyTrainPipeline, ClassifyValPipeline, DataError, atomic_open,
+                       classify_iterator, decode_errors_named, make_demo_images, plan_decoder_cache)
 
 RUNS_DIR = "runs/classify"
 # --data demo: a small, quick run; flags given on the command line still win.
@@ -66,6 +62,8 @@ def get_args_parser(add_help=True):
     g.add_argument("--dali-device", choices=["gpu", "cpu"], help="where DALI runs (default: gpu if CUDA is available)")
     g.add_argument("--hw-decoder-load", type=probability, default=DEFAULT_HW_DECODER_LOAD,
                    help="share of JPEGs for the GPU's hardware decoder")
+    g.add_argument("--decoder-cache", choices=["auto", "on", "off"], default="auto", help="keep decoded images in "
+                   "DALI's GPU cache (auto: when this process's share fits in half the free GPU memory)")
     g.add_argument("--loader", choices=["dali", "synthetic"], default="dali", help="synthetic: train on one random "
                    "batch already on the device (the speed ceiling; validation still reads --data)")
     g = parser.add_argument_group("model")
@@ -118,10 +116,12 @@ def parse_args(argv=None):
         args = parser.parse_args(argv)
     if args.batch_size < 2 and not args.evaluate:
         parser.error("--batch-size must be at least 2 for training (BatchNorm needs more than one sample)")
+    if args.evaluate and not args.resume:
+        parser.error("--evaluate scores the model of --resume CHECKPOINT; pass one (without it the weights are random)")
+    if args.val_resize_size < args.val_crop_size:
+        parser.error(f"--val-resize-size {args.val_resize_size} is below --val-crop-size {args.val_crop_size}: the "
+                     f"centre crop must fit in the resized image")
     return args
-
-
-# model and loss ------------------------------------------------------------------------------------
 
 
 def make_model(args, num_classes):
@@ -179,16 +179,15 @@ def make_scheduler(optimizer, args, steps_per_epoch):
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
-# train and evaluate --------------------------------------------------------------------------------
-
-
 def train_one_epoch(model, criterion, optimizer, scheduler, scaler, batches, epoch, first_step, steps, args, device,
-                    log, model_ema=None, mixup_cutmix=None, save_mid_epoch=None):
-    """Steps ``first_step + 1 .. steps`` of one epoch; returns their mean loss over all processes. Every --print-freq
-    steps a line gives loss, lr, img/s, data wait and ETA: the only sync points (``.item()``, the all-reduce)."""
+                    log, model_ema=None, mixup_cutmix=None, save_mid_epoch=None, stop=None, loss_sum=0.0):
+    """Steps ``first_step + 1 .. steps`` of one epoch; returns the epoch's mean loss over all processes (``loss_sum``:
+    this process's sum over the steps before ``first_step``). Every --print-freq steps a line gives loss, lr, img/s,
+    data wait and ETA: the only sync points (``.item()``, the all-reduce). A non-finite loss ends the run there;
+    a stop signal (``stop``) at the next step, after ``save_mid_epoch(step, loss_sum)``."""
     model.train()
     world_size = dist.get_world_size() if dist.is_initialized() else 1
-    loss_sum = torch.zeros((), device=device)
+    loss_sum, first_bad = torch.full((), loss_sum, device=device), torch.zeros((), dtype=torch.long, device=device)
     window_loss, window_images, window_steps = torch.zeros((), device=device), 0, 0
     # Data wait: on the CPU, the wall time blocked in next(). On a GPU the CPU runs ahead, so time blocked in
     # next() also covers waiting for the GPU itself; there two CUDA events per step time the gap on the GPU
@@ -224,14 +223,17 @@ def train_one_epoch(model, criterion, optimizer, scheduler, scaler, batches, epo
             step_end = torch.cuda.Event(enable_timing=True)
             step_end.record()
         loss_sum, window_loss = loss_sum + loss.detach(), window_loss + loss.detach()
+        first_bad = torch.where((first_bad == 0) & ~torch.isfinite(loss.detach()), step, first_bad)  # no sync
         window_images, window_steps = window_images + len(targets), window_steps + 1
         if step % args.print_freq == 0 or step == steps:
             window_loss = window_loss.item()  # a sync point: after it, this window's CUDA events have happened
             wait = sum(a.elapsed_time(b) for a, b in gaps) / 1000 if gaps else cpu_wait
             loss_total, images_total, wait_total = all_reduce_sum([window_loss, window_images, wait], device)
+            check_finite(math.isfinite(loss_total), epoch, int(first_bad) or step, "loss")
             now = time.perf_counter()
             elapsed = now - window_start
             record = {"type": "train", "epoch": epoch, "step": step, "steps": steps,
+                      "global_step": (epoch - 1) * steps + step,
                       "loss": loss_total / (window_steps * world_size), "lr": optimizer.param_groups[0]["lr"],
                       "img_s": images_total / elapsed, "data_wait": 100 * wait_total / (elapsed * world_size)}
             eta = (now - epoch_start) / (step - first_step) * (steps - step)
@@ -240,11 +242,16 @@ def train_one_epoch(model, criterion, optimizer, scheduler, scaler, batches, epo
                         f"data-wait {record['data_wait']:.1f}%  eta {datetime.timedelta(seconds=round(eta))}")
             window_loss, window_images, window_steps, cpu_wait, gaps = torch.zeros((), device=device), 0, 0, 0.0, []
             window_start = time.perf_counter()
-        if save_mid_epoch is not None and args.checkpoint_every and step % args.checkpoint_every == 0 and step < steps:
-            save_mid_epoch(step)
+        signum = stop.requested() if stop else None  # the same answer on every process
+        if save_mid_epoch is not None and step < steps and (signum or args.checkpoint_every and
+                                                            step % args.checkpoint_every == 0):
+            path = save_mid_epoch(step, loss_sum.item())
+            if signum:
+                StopSignals.exit(signum, path, epoch, step)
         fetch_start = time.perf_counter()
     (loss_total,) = all_reduce_sum([loss_sum.item()], device)
-    return loss_total / max(1, (steps - first_step) * world_size)
+    check_finite(math.isfinite(loss_total), epoch, int(first_bad) or steps, "loss")
+    return loss_total / (steps * world_size)
 
 
 @torch.no_grad()
@@ -274,15 +281,14 @@ def main(args):
     device = ddp.device
     ckpt = load_checkpoint(args.resume) if args.resume else None
     locate_data(args, ddp)  # builds the demo set, or checks --data
-    run_dir, log = open_run(args, ddp)  # the run's own folder, locked; log() prints and appends to metrics.jsonl
+    run_dir, log = open_run(args, ddp, ckpt)  # the run's own folder, locked; log() prints and appends to metrics.jsonl
     data = build_data(args, ddp, ckpt, log)  # DALI pipelines and iterators over this process's shard
-    model, model_without_ddp, model_ema = build_model(args, ddp, data.num_classes)
+    model, model_without_ddp, model_ema, optimizer, scheduler, scaler = build_model(args, ddp, data, log)
     criterion = torch.nn.CrossEntropyLoss(label_smoothing=args.label_smoothing)
     mixup_cutmix = get_mixup_cutmix(args, data.num_classes)
-    optimizer, scheduler, scaler = build_optimizer(args, ddp, model_without_ddp, data.steps, log)
     state = {"model": model_without_ddp, "model_ema": model_ema, "optimizer": optimizer, "scheduler": scheduler,
              "scaler": scaler}  # what a checkpoint holds beside the run's position
-    start_epoch, first_step, best = resume(ckpt, args, ddp, state, data.steps, log)
+    start_epoch, first_step, best, loss_sum = resume(ckpt, args, ddp, state, data.steps, log)
 
     if args.evaluate:
         metrics = evaluate(model_ema if model_ema is not None else model_without_ddp, data.val_batches(), args, device)
@@ -291,17 +297,21 @@ def main(args):
         return
     for _ in data.val_batches():  # decode the validation set once now, so a bad file costs seconds, not an epoch
         pass
+    stop = StopSignals(ddp)  # from here on SIGTERM, SIGINT and SIGUSR1 stop the run at a step, its checkpoint saved
 
-    def save(epoch, step, is_best=False):
-        save_checkpoint(run_dir, state, data, args, ddp, epoch=epoch, step=step, best=best, is_best=is_best, log=log)
+    def save(epoch, step, is_best=False, loss_sum=0.0):
+        return save_checkpoint(run_dir, state, data, args, ddp, epoch=epoch, step=step, best=best, is_best=is_best,
+                               log=log, loss_sum=loss_sum)
 
     for epoch in range(start_epoch, args.epochs + 1):
         start = time.perf_counter()
         train_loss = train_one_epoch(model, criterion, optimizer, scheduler, scaler, data.train_batches(first_step),
                                      epoch, first_step, data.steps, args, device, log, model_ema, mixup_cutmix,
-                                     save_mid_epoch=lambda step: save(epoch, step))
-        first_step = 0
-        broadcast_buffers(*[m for m in (model_without_ddp, model_ema) if m is not None])
+                                     lambda step, loss_sum: save(epoch, step, loss_sum=loss_sum), stop, loss_sum)
+        first_step, loss_sum = 0, 0.0
+        if dist.is_initialized():  # rank 0's BatchNorm statistics to all: DDP copies them only as a forward pass starts
+            for buffer in (b for m in (model_without_ddp, model_ema) if m is not None for b in m.buffers()):
+                dist.broadcast(buffer, 0)
         metrics = evaluate(model_without_ddp, data.val_batches(), args, device)
         record, line = {"type": "epoch", "epoch": epoch, "train_loss": train_loss, **metrics}, describe(metrics)
         if model_ema is not None:
@@ -309,9 +319,11 @@ def main(args):
             record.update({f"ema_{k}": v for k, v in ema_metrics.items()})
             line += f"  EMA {describe(ema_metrics)}"
         is_best, best = metrics["val_top1"] > best, max(metrics["val_top1"], best)
-        save(epoch, data.steps, is_best)
-        record["epoch_time"] = time.perf_counter() - start
+        path = save(epoch, data.steps, is_best)
+        record.update(epoch_time=time.perf_counter() - start, global_step=epoch * data.steps)
         log(record, f"Epoch {epoch}: val {line}  train loss {train_loss:.4f}  time {record['epoch_time']:.1f}s")
+        if signum := stop.requested():
+            StopSignals.exit(signum, path, epoch, data.steps)
 
 
 # ==========================================================================================
@@ -322,12 +334,11 @@ def main(args):
 class UsageError(Exception):
     """A flag, file or condition the run cannot go on with: one `error:` line, exit status 2."""
 
-
 def number(kind, allowed, ok):
     """An argparse type: a ``kind`` value for which ``ok(value)`` holds, else the error 'must be <allowed>'."""
     def parse(text):
         value = kind(text)  # a ValueError is argparse's "invalid int value: 'x'"
-        if not ok(value):
+        if not (math.isfinite(value) and ok(value)):
             raise argparse.ArgumentTypeError(f"must be {allowed}, got {text}")
         return value
     parse.__name__ = kind.__name__
@@ -336,9 +347,7 @@ def number(kind, allowed, ok):
 
 at_least_1, at_least_0 = number(int, "at least 1", lambda v: v >= 1), number(int, "at least 0", lambda v: v >= 0)
 positive, non_negative = number(float, "> 0", lambda v: v > 0), number(float, ">= 0", lambda v: v >= 0)
-probability = number(float, "in [0, 1]", lambda v: 0 <= v <= 1)
-below_one = number(float, "in [0, 1)", lambda v: 0 <= v < 1)
-
+probability, below_one = number(float, "in [0, 1]", lambda v: 0 <= v <= 1), number(float, "in [0, 1)", lambda v: 0 <= v < 1)
 
 def setup_distributed(args):
     """torchrun's process group (NCCL on GPUs, gloo on CPUs); this process's place in it, device and switches."""
@@ -365,6 +374,42 @@ def setup_distributed(args):
                                 device_id=ddp.device if ddp.device.type == "cuda" else None)
     return ddp
 
+def check_finite(finite, epoch, step, what):
+    """A run whose loss or weights are not finite ends here, before a checkpoint can save the damage."""
+    if not finite:
+        raise UsageError(f"epoch {epoch} step {step}: the {what} went NaN or infinite; stopped there, the checkpoints "
+                         f"kept (usual causes: too high an --lr, or bad input such as NaN or infinite pixels)")
+
+class StopSignals:
+    """SIGTERM (SLURM's and Kubernetes' preemption), SIGINT (Ctrl-C) and SIGUSR1 (SLURM's warning) stop the run at the
+    next step; a second Ctrl-C at once. ``requested()``, called by every process at the same points, gives them all
+    the largest signal any caught, over a gloo (CPU) group, sent at one step and read at the next: no step waits."""
+
+    def __init__(self, ddp):
+        self.signum, self.pending = 0, None
+        self.group = dist.new_group(backend="gloo") if ddp.active else None
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
+            signal.signal(signum, self.catch)
+
+    def catch(self, signum, frame):
+        if signum == self.signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.signum = self.signum or signum
+
+    def requested(self):
+        if self.group is None:
+            return self.signum
+        agreed = self.pending[1].item() if self.pending and self.pending[0].wait() else 0
+        flag = torch.tensor([self.signum])
+        self.pending = (dist.all_reduce(flag, dist.ReduceOp.MAX, group=self.group, async_op=True), flag)
+        return agreed
+
+    @staticmethod
+    def exit(signum, path, epoch, step):  # after the stop's checkpoint: one line, the status of the signal's end
+        if path:  # the main process's
+            print(f"stopped by {signal.Signals(signum).name} at epoch {epoch} step {step}: saved {path}; to continue, "
+                  f"run the same command with --resume {path}", file=sys.stderr, flush=True)
+        sys.exit(128 + signum)
 
 def all_reduce_sum(values, device):
     """Sum floats over all processes (a host-device sync point: call it rarely)."""
@@ -373,24 +418,14 @@ def all_reduce_sum(values, device):
         dist.all_reduce(t)
     return t.tolist()
 
-
-def broadcast_buffers(*models):
-    """Rank 0's buffers (BatchNorm statistics) to all: DDP copies them only as a forward pass starts."""
-    if dist.is_initialized():
-        for model in models:
-            for buffer in model.buffers():
-                dist.broadcast(buffer, 0)
-
-
 def autocast(args, device):
     return torch.autocast(device.type, dtype=torch.bfloat16 if args.amp == "bf16" else torch.float16,
                           enabled=args.amp != "none")
 
-
-def build_model(args, ddp, num_classes):
-    """(the model to train, DDP-wrapped and compiled as asked; the plain model, which is saved; its EMA or None)."""
+def build_model(args, ddp, data, log):
+    """The model to train (DDP-wrapped, compiled), the plain one (saved), its EMA, optimizer, schedule, scaler."""
     torch.manual_seed(args.seed)
-    model = make_model(args, num_classes)
+    model = make_model(args, data.num_classes)
     if args.sync_bn and ddp.active:
         model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)  # batch statistics over all GPUs
     model = model.to(ddp.device, memory_format=torch.channels_last if args.channels_last else torch.preserve_format)
@@ -405,23 +440,19 @@ def build_model(args, ddp, num_classes):
         model_ema = torch.optim.swa_utils.AveragedModel(
             model_without_ddp, device=ddp.device, use_buffers=True,
             multi_avg_fn=torch.optim.swa_utils.get_ema_multi_avg_fn(1.0 - alpha))
-    return torch.compile(model) if args.compile else model, model_without_ddp, model_ema
-
-
-def build_optimizer(args, ddp, model_without_ddp, steps, log):
     lr = args.lr * args.batch_size * ddp.world_size / 256  # --lr is for a global batch of 256
+    if args.lr_scheduler == "cosine" and args.lr_min > lr:
+        raise UsageError(f"--lr-min {args.lr_min} is above the learning rate, {lr:.6g} (--lr x global batch / 256): "
+                         f"the cosine schedule would climb")
     optimizer = make_optimizer(model_without_ddp, args, lr)
     # fp16 gradients underflow without loss scaling; bf16 has fp32's range and needs none.
     scaler = torch.amp.GradScaler(ddp.device.type, enabled=args.amp == "fp16")
     log({"type": "config", "args": vars(args)},
         f"{args.arch}: world size {ddp.world_size}, batch {args.batch_size} per process, global batch "
-        f"{args.batch_size * ddp.world_size}, {steps} steps per epoch, lr {lr:.5f} (--lr {args.lr} x global "
+        f"{args.batch_size * ddp.world_size}, {data.steps} steps per epoch, lr {lr:.5f} (--lr {args.lr} x global "
         f"batch / 256), {args.opt}, {args.lr_scheduler} schedule, model on {ddp.device}, DALI on {args.dali_device}")
-    return optimizer, make_scheduler(optimizer, args, steps), scaler
-
-
-# data ------------------------------------------------------------------------------------------
-
+    model = torch.compile(model) if args.compile else model
+    return model, model_without_ddp, model_ema, optimizer, make_scheduler(optimizer, args, data.steps), scaler
 
 def locate_data(args, ddp):
     """--data demo becomes the demo set, built once per node; any other --data must hold train/ and val/."""
@@ -435,7 +466,6 @@ def locate_data(args, ddp):
         raise UsageError(f"--data {args.data}: expected subfolders train/ and val/ in it (each an ImageFolder tree, "
                          f"TFRecord files or WebDataset tars), or --data demo for the built-in demo set")
 
-
 def build_data(args, ddp, ckpt, log):
     """The pipelines (DALI shard RANK of WORLD_SIZE, on GPU LOCAL_RANK or all on the CPU), their iterators, and what
     the run needs to know of the data; checks that a --resume checkpoint fits it."""
@@ -444,19 +474,29 @@ def build_data(args, ddp, ckpt, log):
                          shard_id=ddp.rank, num_shards=ddp.world_size, seed=args.seed + ddp.rank,
                          hw_decoder_load=args.hw_decoder_load, label_offset=args.label_offset, num_classes=args.num_classes,
                          output_layout="HWC" if args.channels_last else "CHW")  # HWC is channels_last: no transpose
-    # Checkpointing the train pipeline (reader position, random states) costs nothing until asked for.
-    train_pipe = ClassifyTrainPipeline(args.batch_size, data_dir=os.path.join(args.data, "train"),
-                                       crop_size=args.train_crop_size, random_erase=args.random_erase,
-                                       enable_checkpointing=True,
-                                       checkpoint=dali_state[ddp.rank] if dali_state else None, **pipeline_args)
+
+    def pipelines(cache=(None, None)):  # (train MB, val MB) of DALI's decoder cache: see plan_decoder_cache
+        # Checkpointing the train pipeline (reader position, random states) costs nothing until asked for.
+        train = ClassifyTrainPipeline(args.batch_size, data_dir=os.path.join(args.data, "train"), decoder_cache=cache[0],
+                                      crop_size=args.train_crop_size, random_erase=args.random_erase,
+                                      enable_checkpointing=True, checkpoint=dali_state[ddp.rank] if dali_state else None,
+                                      **pipeline_args)
+        if train.num_classes is None:
+            raise UsageError(f"--data {args.data}: the number of classes is unknown (no classes.txt beside the "
+                             f"shards); pass --num-classes")
+        classes = train.classes or [str(k) for k in range(train.num_classes)]  # names: checkpoints compare them
+        return train, ClassifyValPipeline(args.batch_size, data_dir=os.path.join(args.data, "val"), classes=classes,
+                                          crop_size=args.val_crop_size, resize_size=args.val_resize_size,
+                                          decoder_cache=cache[1], **pipeline_args), classes
+
+    train_pipe, val_pipe, classes = pipelines()
+    cache, why = (ckpt.get("decoder_cache"), None) if dali_state else plan_decoder_cache(args.decoder_cache,
+                                                                                         (train_pipe, val_pipe))
+    if why:
+        log({"type": "decoder_cache", "mb": cache}, why)
+    if cache:  # the pipelines again, decoding whole images into the cache (DALI builds nothing until iterated)
+        train_pipe, val_pipe, classes = pipelines(cache)
     num_classes = train_pipe.num_classes
-    if num_classes is None:
-        raise UsageError(f"--data {args.data}: the number of classes is unknown (no classes.txt beside the shards); "
-                         f"pass --num-classes")
-    classes = train_pipe.classes or [str(k) for k in range(num_classes)]  # names: checkpoints compare them
-    val_pipe = ClassifyValPipeline(args.batch_size, data_dir=os.path.join(args.data, "val"),
-                                   crop_size=args.val_crop_size, resize_size=args.val_resize_size,
-                                   classes=classes, **pipeline_args)
     if ckpt:
         check_resumable(ckpt, args, classes, train_pipe.num_samples, ddp.world_size)
     with decode_errors_named(train_pipe):  # the iterators decode their first batches right away
@@ -472,105 +512,56 @@ def build_data(args, ddp, ckpt, log):
         f"{train_pipe.num_samples} train and {val_pipe.num_samples} val samples, {num_classes} classes"
         + (f" ({missing} of them have no val samples)" if missing else ""))
 
+    def dali_batches(loader, pipe):  # HWC batches become NCHW tensors in channels_last memory, with no copy
+        with decode_errors_named(pipe):
+            for batch in loader:
+                images, labels = batch[0]["data"], batch[0]["label"].squeeze(-1).long()
+                images = images.permute(0, 3, 1, 2) if pipe.output_layout == "HWC" else images
+                yield images.to(ddp.device, non_blocking=True), labels.to(ddp.device, non_blocking=True)
+
     def train_batches(first_step):
         if args.loader == "dali":
-            return dali_batches(train_loader, train_pipe, ddp.device)
+            return dali_batches(train_loader, train_pipe)
         images = torch.randn(args.batch_size, 3, args.train_crop_size, args.train_crop_size, device=ddp.device)
         batch = (images.contiguous(memory_format=torch.channels_last) if args.channels_last else images,
                  torch.randint(0, num_classes, (args.batch_size,), device=ddp.device))
         return [batch] * (steps - first_step)  # one batch already on the device: the ceiling for any loader
 
     return SimpleNamespace(train_loader=train_loader, steps=steps, classes=classes, num_classes=num_classes,
-                           num_samples=train_pipe.num_samples, train_batches=train_batches,
-                           val_batches=lambda: dali_batches(val_loader, val_pipe, ddp.device))
+                           num_samples=train_pipe.num_samples, train_batches=train_batches, decoder_cache=cache,
+                           val_batches=lambda: dali_batches(val_loader, val_pipe))
 
-
-def dali_batches(loader, pipe, device):
-    """(images, labels) on ``device``; HWC batches become NCHW tensors in channels_last memory, with no copy."""
-    with decode_errors_named(pipe):
-        for batch in loader:
-            images, labels = batch[0]["data"], batch[0]["label"].squeeze(-1).long()
-            if pipe.output_layout == "HWC":
-                images = images.permute(0, 3, 1, 2)
-            yield images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
-
-
-DEMO_CLASSES = ["circle", "square", "triangle", "ring", "cross", "stripes"]
 DEMO_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), ".cache", "demo-classify-v2")
 
-
-def demo_image(k, rng):
-    """Class ``k``'s shape in its own hue band, at a random place, size and angle, on a noisy colour gradient."""
-    h, w = (int(v) for v in rng.integers(80, 113, size=2))
-    yy, xx = np.mgrid[0:h, 0:w].astype(np.float64)
-    background = rng.integers(0, 256, 3) + rng.normal(0, 12, (h, w, 3)) + (
-        xx[..., None] * rng.uniform(-80, 80, 3) + yy[..., None] * rng.uniform(-80, 80, 3)) / max(h, w)
-    hue = int(255 * ((k / len(DEMO_CLASSES) + rng.uniform(-0.04, 0.04)) % 1))
-    hsv = Image.new("HSV", (1, 1), (hue, int(rng.integers(170, 256)), int(rng.integers(170, 256))))
-    r, angle = rng.uniform(0.25, 0.4) * min(h, w), rng.uniform(0, 2 * np.pi)
-    x, y = xx - rng.uniform(r, w - r), yy - rng.uniform(r, h - r)
-    u, v = x * np.cos(angle) + y * np.sin(angle), y * np.cos(angle) - x * np.sin(angle)  # turned with the shape
-    d, edge = np.hypot(u, v), np.maximum(abs(u), abs(v))
-    inside = {"circle": d < r, "ring": abs(d - 0.83 * r) < r / 6, "square": edge < 0.71 * r,
-              "triangle": (v < r / 2) & (np.sqrt(3) * abs(u) - v < r),
-              "cross": (np.minimum(abs(u), abs(v)) < r / 4) & (edge < r),
-              "stripes": np.sin(u * 2 * np.pi / rng.uniform(8, 14)) > 0}[DEMO_CLASSES[k]]
-    image = np.where(inside[..., None], np.array(hsv.convert("RGB").getpixel((0, 0))), background)
-    return Image.fromarray(np.clip(image, 0, 255).astype(np.uint8))
-
-
-def make_demo_images(root, train_per_class=120, val_per_class=30, seed=0):
-    """The demo set: JPEGs in ImageFolder layout (``root/{train,val}/<class>/<n>.jpg``), the same bytes every time.
-    Built in a temporary folder and renamed into place, so that an interrupted build is never used; of two builds
-    at once, the first rename wins and the other uses that set."""
-    if not os.path.isdir(root):
-        tmp = f"{root}.tmp-{os.getpid()}"
-        for s, (split, count) in enumerate((("train", train_per_class), ("val", val_per_class))):
-            for k, name in enumerate(DEMO_CLASSES):
-                os.makedirs(os.path.join(tmp, split, name))
-                for i in range(count):
-                    demo_image(k, np.random.default_rng([seed, s, k, i])).save(
-                        os.path.join(tmp, split, name, f"{i:04d}.jpg"), quality=90)
-        try:
-            os.rename(tmp, root)
-        except OSError:  # another build renamed its copy first: the same bytes, so use it
-            shutil.rmtree(tmp)
-            if not os.path.isdir(root):
-                raise
-    return root
-
-
-# run folder and checkpoints ---------------------------------------------------------------------
-
-
-def open_run(args, ddp):
-    """(the run's folder, ``log(record, line)``: on the main process, print the line, append the record to metrics)."""
-    run_dir = None
+def open_run(args, ddp, ckpt):
+    """(the run's folder: --output-dir, --resume's, or a new RUNS_DIR/expN, on the main process unless only
+    evaluating; ``log(record, line)``, which prints the line and appends the record to its metrics.jsonl)."""
+    out = None
     if ddp.master and (args.output_dir or not args.evaluate):
-        run_dir = args.output_dir or (os.path.dirname(os.path.abspath(args.resume)) if args.resume else None)
-        if run_dir is None:
+        out = args.output_dir or (os.path.dirname(os.path.abspath(args.resume)) if args.resume else None)
+        if out is None:
             os.makedirs(RUNS_DIR, exist_ok=True)
             n = 1 + max([int(d[3:]) for d in os.listdir(RUNS_DIR) if d[:3] == "exp" and d[3:].isdigit()], default=0)
-        while run_dir is None:  # mkdir is atomic: two runs starting at once get two folders
+        while out is None:  # mkdir is atomic: two runs starting at once get two folders
             with contextlib.suppress(FileExistsError):
                 os.mkdir(os.path.join(RUNS_DIR, f"exp{n}"))
-                run_dir = os.path.join(RUNS_DIR, f"exp{n}")
+                out = os.path.join(RUNS_DIR, f"exp{n}")
             n += 1
-        lock_run_dir(run_dir, args)
+        lock_run_dir(out, args, ckpt)
 
     def log(record, line):
         if ddp.master:
             print(line, flush=True)
-            if run_dir:
-                with open(os.path.join(run_dir, "metrics.jsonl"), "a") as f:
+            if out:
+                with open(os.path.join(out, "metrics.jsonl"), "a") as f:
                     f.write(json.dumps(record) + "\n")
 
-    log.run_dir = run_dir
-    return run_dir, log
+    log.run_dir = out
+    return out, log
 
-
-def lock_run_dir(out, args):
-    """The run's folder, created and locked: not one another run writes to, nor, without --overwrite, another's."""
+def lock_run_dir(out, args, ckpt):
+    """Refused: a folder another run writes to, or, without --overwrite, one holding another run's checkpoint.
+    metrics.jsonl keeps each record once: a resumed run's from its checkpoint's step on, a new run's alone."""
     if os.path.exists(out) and not os.path.isdir(out):
         raise UsageError(f"--output-dir {out}: is a file, not a folder")
     try:
@@ -587,24 +578,33 @@ def lock_run_dir(out, args):
     if previous and not args.evaluate and not continuing and not args.overwrite:
         raise UsageError(f"--output-dir {out}: holds a previous run's {previous[0]}; pass --resume "
                          f"{os.path.join(out, previous[0])} to continue it or --overwrite to replace it")
-    if args.overwrite and not continuing and os.path.exists(os.path.join(out, "metrics.jsonl")):
-        os.remove(os.path.join(out, "metrics.jsonl"))
+    metrics = os.path.join(out, "metrics.jsonl")
+    if continuing and not args.evaluate and os.path.exists(metrics):  # the steps after the checkpoint run again
+        with open(metrics) as f:
+            kept = [r for r in f if json.loads(r).get("global_step", 0) <= ckpt.get("global_step", math.inf)]
+        with atomic_open(metrics, "w") as f:
+            f.writelines(kept)
+    elif not continuing and (args.overwrite or not previous) and os.path.exists(metrics):  # a run without checkpoints
+        os.remove(metrics)
     for name in os.listdir(out):  # what a killed save left behind; the lock says no other run is saving here
-        if ".pth.tmp-" in name:
+        if ".pth.tmp-" in name or name.endswith(".partial"):
             os.remove(os.path.join(out, name))
 
-
-def save_checkpoint(run_dir, state, data, args, ddp, *, epoch, step, best, is_best, log):
+def save_checkpoint(run_dir, state, data, args, ddp, *, epoch, step, best, is_best, log, loss_sum):
     """checkpoint.pth (and best.pth): ``state``'s state dicts, the position, every process's DALI and random state."""
-    states = [(data.train_loader.checkpoints()[0], torch.get_rng_state())]  # this process's DALI and random state
+    states = [(data.train_loader.checkpoints()[0], torch.get_rng_state(), loss_sum)]  # this process's
     if dist.is_initialized():
         states, mine = [None] * ddp.world_size if ddp.master else None, states[0]
         dist.gather_object(mine, states, dst=0)
     if not ddp.master:
-        return
-    dali, rng = (list(s) for s in zip(*states))
+        return None
+    dali, rng, loss_sums = (list(s) for s in zip(*states))
     ckpt = {name: obj.state_dict() if obj is not None else None for name, obj in state.items()}
-    ckpt.update(epoch=epoch, step=step, args=vars(args), best=best, classes=data.classes, rng=rng,
+    check_finite(all(torch.isfinite(v).all() for v in ckpt["model"].values() if v.is_floating_point()), epoch, step,
+                 "weights")
+    ckpt.update(epoch=epoch, step=step, global_step=(epoch - 1) * data.steps + step, loss_sum=loss_sums,
+                decoder_cache=data.decoder_cache,
+                args=vars(args), best=best, classes=data.classes, rng=rng,
                 num_samples=data.num_samples, world_size=ddp.world_size, dali=dali if args.loader == "dali" else None)
     for name in ("checkpoint.pth", "best.pth") if is_best else ("checkpoint.pth",):
         path, tmp = os.path.join(run_dir, name), os.path.join(run_dir, f"{name}.tmp-{os.getpid()}")
@@ -617,8 +617,9 @@ def save_checkpoint(run_dir, state, data, args, ddp, *, epoch, step, best, is_be
             why = e.strerror if isinstance(e, OSError) and e.strerror else str(e).strip().splitlines()[-1]
             raise UsageError(f"{path}: could not save the checkpoint ({why}); the previous one is kept") from None
     if step < data.steps:
-        log({"type": "checkpoint", "epoch": epoch, "step": step}, f"saved checkpoint.pth at epoch {epoch} step {step}")
-
+        log({"type": "checkpoint", "epoch": epoch, "step": step, "global_step": ckpt["global_step"]},
+            f"saved checkpoint.pth at epoch {epoch} step {step}")
+    return os.path.join(run_dir, "checkpoint.pth")
 
 def load_checkpoint(path):
     if not os.path.isfile(path):
@@ -632,29 +633,25 @@ def load_checkpoint(path):
         raise UsageError(f"--resume {path}: not a checkpoint written by {os.path.basename(__file__)}")
     return ckpt
 
-
 def check_resumable(ckpt, args, classes, num_samples, world_size):
     """One line on the first way the checkpoint does not fit this run's model, data or layout."""
     where, saved = f"--resume {args.resume}", ckpt["args"]
     if saved["arch"] != args.arch:
         raise UsageError(f"{where}: a checkpoint of --arch {saved['arch']}, not --arch {args.arch}")
-    if ckpt["classes"] != classes:
-        a, b = ckpt["classes"], classes
-        first = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
-        detail = (f"class {first} is {a[first]!r} there and {b[first]!r} in --data" if first is not None
-                  else f"{len(a)} classes there, {len(b)} in --data")
-        raise UsageError(f"{where}: trained on other classes ({detail})")
+    if (theirs := ckpt["classes"]) != classes:
+        k = next((i for i, (x, y) in enumerate(zip(theirs, classes)) if x != y), None)
+        raise UsageError(f"{where}: trained on other classes (" + (f"class {k} is {theirs[k]!r} there and {classes[k]!r} "
+                         f"in --data)" if k is not None else f"{len(theirs)} classes there, {len(classes)} in --data)"))
     if not args.evaluate and (ckpt["world_size"], saved["batch_size"], ckpt["num_samples"]) != (
             world_size, args.batch_size, num_samples):
         raise UsageError(f"{where}: taken with {ckpt['world_size']} process(es) x batch {saved['batch_size']} on "
                          f"{ckpt['num_samples']} training samples, this run has {world_size} x {args.batch_size} on "
                          f"{num_samples}; resume with the same, so the remaining steps and samples are the same")
 
-
 def resume(ckpt, args, ddp, state, steps, log):
-    """(first epoch, steps of it already done, best score so far), from the checkpoint into ``state``'s objects."""
+    """(first epoch, steps of it done, best score, this process's loss sum over them); ``state`` loaded from ``ckpt``."""
     if not ckpt:
-        return 1, 0, -math.inf
+        return 1, 0, -math.inf, 0.0
     if state["model_ema"] is not None and ckpt.get("model_ema") is None:
         raise UsageError(f"--resume {args.resume}: holds no EMA weights (its run had no --model-ema)")
     for name in ("model", "model_ema") if args.evaluate else state:
@@ -665,33 +662,28 @@ def resume(ckpt, args, ddp, state, steps, log):
             raise UsageError(f"--resume {args.resume}: its weights do not fit this model "
                              f"({str(e).splitlines()[1].strip()})") from None
     if args.evaluate:
-        return 1, 0, -math.inf
+        return 1, 0, -math.inf, 0.0
     torch.set_rng_state(ckpt["rng"][ddp.rank])  # mixup and cutmix draw from it
     start_epoch, first_step = (ckpt["epoch"] + 1, 0) if ckpt["step"] == steps else (ckpt["epoch"], ckpt["step"])
     log({"type": "resume", "epoch": start_epoch, "step": first_step},
         f"resumed from {args.resume}: epoch {start_epoch}, after step {first_step} of {steps}")
-    return start_epoch, first_step, ckpt["best"]
-
+    return start_epoch, first_step, ckpt["best"], ckpt.get("loss_sum", [0.0] * ddp.world_size)[ddp.rank] * (first_step > 0)
 
 if __name__ == "__main__":
     args = parse_args()
     try:
         main(args)
     except (Exception, KeyboardInterrupt) as e:
-        usage = isinstance(e, (UsageError, DataError))
-        if usage:
-            print(f"error: {e}", file=sys.stderr, flush=True)
-        if dist.is_initialized() and dist.get_world_size() > 1:
-            # Other processes may wait for this one in a collective, and with NCCL a graceful destroy_process_group()
-            # then waits forever: end this process at once, and torchrun stops the others with this error.
-            if not usage:
-                traceback.print_exc()
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(2 if usage else 1)
-        if not usage:
+        status = 2 if isinstance(e, (UsageError, DataError)) else 130 if isinstance(e, KeyboardInterrupt) else 1
+        alone = not (dist.is_initialized() and dist.get_world_size() > 1)
+        if status == 1 and alone:
             raise
-        sys.exit(2)
+        print(f"error: {e}" if status == 2 else "interrupted: nothing saved since the last checkpoint" if status == 130
+              else traceback.format_exc(), file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        # Other processes may wait for this one in a collective, where NCCL's graceful destroy_process_group() would
+        # wait forever: end at once, and torchrun stops the others with this error.
+        sys.exit(status) if alone else os._exit(status)
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()

@@ -1,5 +1,4 @@
-"""Train a segmentation model with DALI feeding PyTorch directly. Needs only pipelines.py beside it (and
-data_processing.py for --data demo or a PNG root).
+"""Train a segmentation model, DALI feeding PyTorch. Needs pipelines.py beside it (data_processing.py for PNG data).
 
     python train_segment.py --data demo                    # builds a synthetic nail set (no download), trains on it
     python train_segment.py --data data/nails --amp bf16 --channels-last    # a prepared root (csv_file/ inside)
@@ -8,11 +7,8 @@ data_processing.py for --data demo or a PNG root).
     python train_segment.py --data data/nails --resume runs/segment/exp1/checkpoint.pth             # continue a run
     python train_segment.py --data data/nails --resume runs/segment/exp1/best.pth --evaluate
 
-DALI reads each image and its mask with two readers that share seed, shuffle and sharding, resizes the image
-linearly and the mask by nearest neighbour to --size, flips both alike and applies noise, blur, brightness and
-contrast to the image only: on the GPU when there is one, else on the CPU. --num-classes 1 is binary (BCE + Dice);
-2 or more use cross-entropy + Dice. Each run writes metrics.jsonl (val Dice and IoU per class), checkpoint.pth,
-best.pth and a PNG of predictions per epoch into its own folder (runs/segment/expN).
+DALI reads image and mask in lock-step, resizes both to --size, flips both alike and augments the image, on the GPU
+when there is one, else on the CPU. --num-classes 1 is binary (BCE + Dice); 2 or more use cross-entropy + Dice.
 Read top to bottom: flags, model and loss, train_one_epoch / evaluate, main; the plumbing sits below the banner.
 """
 
@@ -24,6 +20,7 @@ import functools
 import json
 import math
 import os
+import signal
 import sys
 import time
 import traceback
@@ -33,9 +30,9 @@ import torch
 import torch.distributed as dist
 import torchvision
 from torch import nn
-from torchvision.utils import draw_segmentation_masks, make_grid, save_image
 
-from pipelines import DataError, fetch_dali_loader, first_mask_above, read_split, segment_iterator
+from pipelines import (DataError, atomic_open, fetch_dali_loader, first_mask_above, read_split, save_overlay,
+                       segment_iterator)
 
 RUNS_DIR = "runs/segment"
 # --data demo: a small, quick run; flags given on the command line still win.
@@ -107,10 +104,9 @@ def parse_args(argv=None):
         args = parser.parse_args(argv)
     if args.batch_size < 2 and not args.evaluate:
         parser.error("--batch-size must be at least 2 for training (BatchNorm needs more than one sample)")
+    if args.evaluate and not args.resume:
+        parser.error("--evaluate scores the model of --resume CHECKPOINT; pass one (without it the weights are random)")
     return args
-
-
-# model and loss ------------------------------------------------------------------------------------
 
 
 class UNet(nn.Module):
@@ -132,9 +128,7 @@ class UNet(nn.Module):
         for i, block in enumerate(self.down):
             x = block(x if i == 0 else nn.functional.max_pool2d(x, 2))
             skips.append(x)
-        skips.pop()
-        for block in self.up:
-            skip = skips.pop()
+        for block, skip in zip(self.up, reversed(skips[:-1])):
             x = nn.functional.interpolate(x, size=skip.shape[-2:], mode="bilinear", align_corners=False)
             x = block(torch.cat([skip, x], dim=1))
         return self.head(x)
@@ -168,8 +162,7 @@ def dice_ce_loss(logits, masks, num_classes):
     else:
         target = nn.functional.one_hot(masks[:, 0], num_classes).permute(0, 3, 1, 2).float()[:, 1:]
         ce, probs = nn.functional.cross_entropy(logits, masks[:, 0]), logits.softmax(1)[:, 1:]
-    dims = (0, 2, 3)
-    dice = (2 * (probs * target).sum(dims) + 1) / (probs.sum(dims) + target.sum(dims) + 1)
+    dice = (2 * (probs * target).sum((0, 2, 3)) + 1) / (probs.sum((0, 2, 3)) + target.sum((0, 2, 3)) + 1)
     return ce + 1 - dice.mean()
 
 
@@ -212,16 +205,15 @@ def make_scheduler(optimizer, args, steps_per_epoch):
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
-# train and evaluate --------------------------------------------------------------------------------
-
-
 def train_one_epoch(model, criterion, optimizer, scheduler, scaler, batches, epoch, first_step, steps, args, device,
-                    log, model_ema=None, save_mid_epoch=None):
-    """Steps ``first_step + 1 .. steps`` of one epoch; returns their mean loss over all processes. Every --print-freq
-    steps a line gives loss, lr, img/s, data wait and ETA: the only sync points (``.item()``, the all-reduce)."""
+                    log, model_ema=None, save_mid_epoch=None, stop=None, loss_sum=0.0):
+    """Steps ``first_step + 1 .. steps`` of one epoch; returns the epoch's mean loss over all processes (``loss_sum``:
+    this process's sum over the steps before ``first_step``). Every --print-freq steps a line gives loss, lr, img/s,
+    data wait and ETA: the only sync points (``.item()``, the all-reduce). A non-finite loss ends the run there;
+    a stop signal (``stop``) at the next step, after ``save_mid_epoch(step, loss_sum)``."""
     model.train()
     world_size = dist.get_world_size() if dist.is_initialized() else 1
-    loss_sum = torch.zeros((), device=device)
+    loss_sum, first_bad = torch.full((), loss_sum, device=device), torch.zeros((), dtype=torch.long, device=device)
     window_loss, window_images, window_steps = torch.zeros((), device=device), 0, 0
     # Data wait: on the CPU, the wall time blocked in next(). On a GPU the CPU runs ahead, so time blocked in
     # next() also covers waiting for the GPU itself; there two CUDA events per step time the gap on the GPU
@@ -255,14 +247,17 @@ def train_one_epoch(model, criterion, optimizer, scheduler, scaler, batches, epo
             step_end = torch.cuda.Event(enable_timing=True)
             step_end.record()
         loss_sum, window_loss = loss_sum + loss.detach(), window_loss + loss.detach()
+        first_bad = torch.where((first_bad == 0) & ~torch.isfinite(loss.detach()), step, first_bad)  # no sync
         window_images, window_steps = window_images + len(targets), window_steps + 1
         if step % args.print_freq == 0 or step == steps:
             window_loss = window_loss.item()  # a sync point: after it, this window's CUDA events have happened
             wait = sum(a.elapsed_time(b) for a, b in gaps) / 1000 if gaps else cpu_wait
             loss_total, images_total, wait_total = all_reduce_sum([window_loss, window_images, wait], device)
+            check_finite(math.isfinite(loss_total), epoch, int(first_bad) or step, "loss")
             now = time.perf_counter()
             elapsed = now - window_start
             record = {"type": "train", "epoch": epoch, "step": step, "steps": steps,
+                      "global_step": (epoch - 1) * steps + step,
                       "loss": loss_total / (window_steps * world_size), "lr": optimizer.param_groups[0]["lr"],
                       "img_s": images_total / elapsed, "data_wait": 100 * wait_total / (elapsed * world_size)}
             eta = (now - epoch_start) / (step - first_step) * (steps - step)
@@ -271,11 +266,16 @@ def train_one_epoch(model, criterion, optimizer, scheduler, scaler, batches, epo
                         f"data-wait {record['data_wait']:.1f}%  eta {datetime.timedelta(seconds=round(eta))}")
             window_loss, window_images, window_steps, cpu_wait, gaps = torch.zeros((), device=device), 0, 0, 0.0, []
             window_start = time.perf_counter()
-        if save_mid_epoch is not None and args.checkpoint_every and step % args.checkpoint_every == 0 and step < steps:
-            save_mid_epoch(step)
+        signum = stop.requested() if stop else None  # the same answer on every process
+        if save_mid_epoch is not None and step < steps and (signum or args.checkpoint_every and
+                                                            step % args.checkpoint_every == 0):
+            path = save_mid_epoch(step, loss_sum.item())
+            if signum:
+                StopSignals.exit(signum, path, epoch, step)
         fetch_start = time.perf_counter()
     (loss_total,) = all_reduce_sum([loss_sum.item()], device)
-    return loss_total / max(1, (steps - first_step) * world_size)
+    check_finite(math.isfinite(loss_total), epoch, int(first_bad) or steps, "loss")
+    return loss_total / (steps * world_size)
 
 
 @torch.no_grad()
@@ -299,11 +299,10 @@ def evaluate(model, batches, args, device):
     confusion = torch.tensor(all_reduce_sum(confusion.tolist(), device), dtype=torch.float64).view(n, n)
     classes = [1] if args.num_classes == 1 else list(range(n))  # binary runs report the foreground only
     inter, npred, ntarget = confusion.diag()[classes], confusion.sum(0)[classes], confusion.sum(1)[classes]
-    dice = (100 * 2 * inter / (npred + ntarget).clamp(min=1)).tolist()
-    iou = (100 * inter / (npred + ntarget - inter).clamp(min=1)).tolist()
-    return {"val_dice": sum(dice) / len(dice), "val_iou": sum(iou) / len(iou),
-            "val_dice_per_class": dict(zip(map(str, classes), dice)),
-            "val_iou_per_class": dict(zip(map(str, classes), iou))}, first
+    dice, iou = 200 * inter / (npred + ntarget).clamp(min=1), 100 * inter / (npred + ntarget - inter).clamp(min=1)
+    return {"val_dice": dice.mean().item(), "val_iou": iou.mean().item(),
+            "val_dice_per_class": dict(zip(map(str, classes), dice.tolist())),
+            "val_iou_per_class": dict(zip(map(str, classes), iou.tolist()))}, first
 
 
 def describe(metrics):
@@ -315,14 +314,13 @@ def main(args):
     device = ddp.device
     ckpt = load_checkpoint(args.resume) if args.resume else None
     locate_data(args, ddp)  # builds the demo set or prepares a PNG root, or checks --data
-    run_dir, log = open_run(args, ddp)  # the run's own folder, locked; log() prints and appends to metrics.jsonl
+    run_dir, log = open_run(args, ddp, ckpt)  # the run's own folder, locked; log() prints and appends to metrics.jsonl
     data = build_data(args, ddp, ckpt, log)  # DALI pipelines and iterators over this process's shard
-    model, model_without_ddp, model_ema = build_model(args, ddp, data.channels)
+    model, model_without_ddp, model_ema, optimizer, scheduler, scaler = build_model(args, ddp, data, log)
     criterion = functools.partial(dice_ce_loss, num_classes=args.num_classes)
-    optimizer, scheduler, scaler = build_optimizer(args, ddp, model_without_ddp, data.steps, log)
     state = {"model": model_without_ddp, "model_ema": model_ema, "optimizer": optimizer, "scheduler": scheduler,
              "scaler": scaler}  # what a checkpoint holds beside the run's position
-    start_epoch, first_step, best = resume(ckpt, args, ddp, state, data.steps, log)
+    start_epoch, first_step, best, loss_sum = resume(ckpt, args, ddp, state, data.steps, log)
 
     if args.evaluate:
         metrics, _ = evaluate(model_ema if model_ema is not None else model_without_ddp, data.val_batches(), args, device)
@@ -331,17 +329,21 @@ def main(args):
         return
     for _ in data.val_batches():  # read the validation set once now, so a bad file costs seconds, not an epoch
         pass
+    stop = StopSignals(ddp)  # from here on SIGTERM, SIGINT and SIGUSR1 stop the run at a step, its checkpoint saved
 
-    def save(epoch, step, is_best=False):
-        save_checkpoint(run_dir, state, data, args, ddp, epoch=epoch, step=step, best=best, is_best=is_best, log=log)
+    def save(epoch, step, is_best=False, loss_sum=0.0):
+        return save_checkpoint(run_dir, state, data, args, ddp, epoch=epoch, step=step, best=best, is_best=is_best,
+                               log=log, loss_sum=loss_sum)
 
     for epoch in range(start_epoch, args.epochs + 1):
         start = time.perf_counter()
         train_loss = train_one_epoch(model, criterion, optimizer, scheduler, scaler, data.train_batches(first_step),
                                      epoch, first_step, data.steps, args, device, log, model_ema,
-                                     save_mid_epoch=lambda step: save(epoch, step))
-        first_step = 0
-        broadcast_buffers(*[m for m in (model_without_ddp, model_ema) if m is not None])
+                                     lambda step, loss_sum: save(epoch, step, loss_sum=loss_sum), stop, loss_sum)
+        first_step, loss_sum = 0, 0.0
+        if dist.is_initialized():  # rank 0's BatchNorm statistics to all: DDP copies them only as a forward pass starts
+            for buffer in (b for m in (model_without_ddp, model_ema) if m is not None for b in m.buffers()):
+                dist.broadcast(buffer, 0)
         metrics, first = evaluate(model_without_ddp, data.val_batches(), args, device)
         record, line = {"type": "epoch", "epoch": epoch, "train_loss": train_loss, **metrics}, describe(metrics)
         if model_ema is not None:
@@ -349,11 +351,13 @@ def main(args):
             record.update({f"ema_{k}": v for k, v in ema_metrics.items()})
             line += f"  EMA {describe(ema_metrics)}"
         is_best, best = metrics["val_dice"] > best, max(metrics["val_dice"], best)
-        save(epoch, data.steps, is_best)
+        path = save(epoch, data.steps, is_best)
         if ddp.master:
             save_overlay(os.path.join(run_dir, f"val_epoch{epoch:03d}.png"), *first, args.num_classes)
-        record["epoch_time"] = time.perf_counter() - start
+        record.update(epoch_time=time.perf_counter() - start, global_step=epoch * data.steps)
         log(record, f"Epoch {epoch}: val {line}  train loss {train_loss:.4f}  time {record['epoch_time']:.1f}s")
+        if signum := stop.requested():
+            StopSignals.exit(signum, path, epoch, data.steps)
 
 
 # ==========================================================================================
@@ -364,12 +368,11 @@ def main(args):
 class UsageError(Exception):
     """A flag, file or condition the run cannot go on with: one `error:` line, exit status 2."""
 
-
 def number(kind, allowed, ok):
     """An argparse type: a ``kind`` value for which ``ok(value)`` holds, else the error 'must be <allowed>'."""
     def parse(text):
         value = kind(text)  # a ValueError is argparse's "invalid int value: 'x'"
-        if not ok(value):
+        if not (math.isfinite(value) and ok(value)):
             raise argparse.ArgumentTypeError(f"must be {allowed}, got {text}")
         return value
     parse.__name__ = kind.__name__
@@ -378,9 +381,7 @@ def number(kind, allowed, ok):
 
 at_least_1, at_least_0 = number(int, "at least 1", lambda v: v >= 1), number(int, "at least 0", lambda v: v >= 0)
 positive, non_negative = number(float, "> 0", lambda v: v > 0), number(float, ">= 0", lambda v: v >= 0)
-probability = number(float, "in [0, 1]", lambda v: 0 <= v <= 1)
-below_one = number(float, "in [0, 1)", lambda v: 0 <= v < 1)
-
+probability, below_one = number(float, "in [0, 1]", lambda v: 0 <= v <= 1), number(float, "in [0, 1)", lambda v: 0 <= v < 1)
 
 def setup_distributed(args):
     """torchrun's process group (NCCL on GPUs, gloo on CPUs); this process's place in it, device and switches."""
@@ -407,6 +408,42 @@ def setup_distributed(args):
                                 device_id=ddp.device if ddp.device.type == "cuda" else None)
     return ddp
 
+def check_finite(finite, epoch, step, what):
+    """A run whose loss or weights are not finite ends here, before a checkpoint can save the damage."""
+    if not finite:
+        raise UsageError(f"epoch {epoch} step {step}: the {what} went NaN or infinite; stopped there, the checkpoints "
+                         f"kept (usual causes: too high an --lr, or bad input such as NaN or infinite pixels)")
+
+class StopSignals:
+    """SIGTERM (SLURM's and Kubernetes' preemption), SIGINT (Ctrl-C) and SIGUSR1 (SLURM's warning) stop the run at the
+    next step; a second Ctrl-C at once. ``requested()``, called by every process at the same points, gives them all
+    the largest signal any caught, over a gloo (CPU) group, sent at one step and read at the next: no step waits."""
+
+    def __init__(self, ddp):
+        self.signum, self.pending = 0, None
+        self.group = dist.new_group(backend="gloo") if ddp.active else None
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
+            signal.signal(signum, self.catch)
+
+    def catch(self, signum, frame):
+        if signum == self.signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.signum = self.signum or signum
+
+    def requested(self):
+        if self.group is None:
+            return self.signum
+        agreed = self.pending[1].item() if self.pending and self.pending[0].wait() else 0
+        flag = torch.tensor([self.signum])
+        self.pending = (dist.all_reduce(flag, dist.ReduceOp.MAX, group=self.group, async_op=True), flag)
+        return agreed
+
+    @staticmethod
+    def exit(signum, path, epoch, step):  # after the stop's checkpoint: one line, the status of the signal's end
+        if path:  # the main process's
+            print(f"stopped by {signal.Signals(signum).name} at epoch {epoch} step {step}: saved {path}; to continue, "
+                  f"run the same command with --resume {path}", file=sys.stderr, flush=True)
+        sys.exit(128 + signum)
 
 def all_reduce_sum(values, device):
     """Sum floats over all processes (a host-device sync point: call it rarely)."""
@@ -415,24 +452,14 @@ def all_reduce_sum(values, device):
         dist.all_reduce(t)
     return t.tolist()
 
-
-def broadcast_buffers(*models):
-    """Rank 0's buffers (BatchNorm statistics) to all: DDP copies them only as a forward pass starts."""
-    if dist.is_initialized():
-        for model in models:
-            for buffer in model.buffers():
-                dist.broadcast(buffer, 0)
-
-
 def autocast(args, device):
     return torch.autocast(device.type, dtype=torch.bfloat16 if args.amp == "bf16" else torch.float16,
                           enabled=args.amp != "none")
 
-
-def build_model(args, ddp, in_channels):
-    """(the model to train, DDP-wrapped and compiled as asked; the plain model, which is saved; its EMA or None)."""
+def build_model(args, ddp, data, log):
+    """The model to train (DDP-wrapped, compiled), the plain one (saved), its EMA, optimizer, schedule, scaler."""
     torch.manual_seed(args.seed)
-    model = make_model(args, in_channels)
+    model = make_model(args, data.channels)
     if args.sync_bn and ddp.active:
         model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)  # batch statistics over all GPUs
     model = model.to(ddp.device, memory_format=torch.channels_last if args.channels_last else torch.preserve_format)
@@ -447,23 +474,19 @@ def build_model(args, ddp, in_channels):
         model_ema = torch.optim.swa_utils.AveragedModel(
             model_without_ddp, device=ddp.device, use_buffers=True,
             multi_avg_fn=torch.optim.swa_utils.get_ema_multi_avg_fn(1.0 - alpha))
-    return torch.compile(model) if args.compile else model, model_without_ddp, model_ema
-
-
-def build_optimizer(args, ddp, model_without_ddp, steps, log):
     lr = args.lr * args.batch_size * ddp.world_size / 256  # --lr is for a global batch of 256
+    if args.lr_scheduler == "cosine" and args.lr_min > lr:
+        raise UsageError(f"--lr-min {args.lr_min} is above the learning rate, {lr:.6g} (--lr x global batch / 256): "
+                         f"the cosine schedule would climb")
     optimizer = make_optimizer(model_without_ddp, args, lr)
     # fp16 gradients underflow without loss scaling; bf16 has fp32's range and needs none.
     scaler = torch.amp.GradScaler(ddp.device.type, enabled=args.amp == "fp16")
     log({"type": "config", "args": vars(args)},
         f"{args.arch}: world size {ddp.world_size}, batch {args.batch_size} per process, global batch "
-        f"{args.batch_size * ddp.world_size}, {steps} steps per epoch, lr {lr:.5f} (--lr {args.lr} x global "
+        f"{args.batch_size * ddp.world_size}, {data.steps} steps per epoch, lr {lr:.5f} (--lr {args.lr} x global "
         f"batch / 256), {args.opt}, {args.lr_scheduler} schedule, model on {ddp.device}, DALI on {args.dali_device}")
-    return optimizer, make_scheduler(optimizer, args, steps), scaler
-
-
-# data ------------------------------------------------------------------------------------------
-
+    model = torch.compile(model) if args.compile else model
+    return model, model_without_ddp, model_ema, optimizer, make_scheduler(optimizer, args, data.steps), scaler
 
 def locate_data(args, ddp):
     """--data as a prepared root (csv_file/ inside): the demo set and PNG roots are prepared first, once per node."""
@@ -471,20 +494,17 @@ def locate_data(args, ddp):
         raise UsageError(f"--data {args.data}: no such directory (expected a prepared root with csv_file/, "
                          f"a PNG root with Images/ and Masks/, or --data demo)")
     if args.data == "demo" or not os.path.isdir(os.path.join(args.data, "csv_file")):
-        from data_processing import make_demo_pngs, prepare  # needed only to build or convert a PNG set
+        from data_processing import prepare  # needed only to build or convert a PNG set
         root = DEMO_DIR if args.data == "demo" else args.data
         if ddp.local_rank == 0:  # one process per node builds or converts the data, the others wait at the barrier
-            if root == DEMO_DIR:
-                make_demo_pngs(root)
-            args.data = prepare(root)
+            args.data = prepare(root, demo=root == DEMO_DIR)
         if ddp.active:
             dist.barrier()
             args.data = prepare(root)  # finds what the first one made
 
-
 def build_data(args, ddp, ckpt, log):
-    """The pipelines (DALI shard RANK of WORLD_SIZE, on GPU LOCAL_RANK or all on the CPU), their iterators, and what
-    the run needs to know of the data; checks the masks' values, and that a --resume checkpoint fits the data."""
+    """The pipelines (shard RANK of WORLD_SIZE, on GPU LOCAL_RANK or the CPU), their iterators, what the run needs to
+    know of the data; checks the masks' values, and that a --resume checkpoint fits the data."""
     dali_state = ckpt.get("dali") if ckpt and not args.evaluate else None
     splits = {split: read_split(args.data, split) for split in ("train", "valid")}
     pipeline_args = dict(num_threads=args.workers, device_id=ddp.local_rank if args.dali_device == "gpu" else None,
@@ -508,72 +528,53 @@ def build_data(args, ddp, ckpt, log):
         (f"run folder {log.run_dir}; " if log.run_dir else "") + f"data {args.data}: {num_samples} train and "
         f"{len(splits['valid'][0])} val pairs, {train_pipe.channels}-channel images")
 
+    def dali_batches(loader):
+        for batch in loader:
+            yield batch[0]["image"].to(ddp.device, non_blocking=True), batch[0]["mask"].long().to(ddp.device,
+                                                                                                 non_blocking=True)
+
     def train_batches(first_step):
         if args.loader == "dali":
-            return dali_batches(train_loader, ddp.device)
+            return dali_batches(train_loader)
         batch = (torch.randn(args.batch_size, train_pipe.channels, args.size, args.size, device=ddp.device),
                  torch.randint(0, max(2, args.num_classes), (args.batch_size, 1, args.size, args.size), device=ddp.device))
         return [batch] * (steps - first_step)  # one batch already on the device: the ceiling for any loader
 
     return SimpleNamespace(train_loader=train_loader, steps=steps, classes=classes, channels=train_pipe.channels,
                            num_samples=num_samples, train_batches=train_batches,
-                           val_batches=lambda: dali_batches(val_loader, ddp.device))
-
-
-def dali_batches(loader, device):
-    for batch in loader:
-        yield batch[0]["image"].to(device, non_blocking=True), batch[0]["mask"].long().to(device, non_blocking=True)
-
+                           val_batches=lambda: dali_batches(val_loader))
 
 DEMO_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), ".cache", "demo-segment-v1")
 
-
-def save_overlay(path, images, masks, preds, num_classes):
-    """A grid with one row per image: ground truth drawn on it, then the prediction."""
-    # Each image stretched to 0..255 on its own: right for any normalization and channel count.
-    low, high = images.amin(dim=(1, 2, 3), keepdim=True), images.amax(dim=(1, 2, 3), keepdim=True)
-    images = (255 * (images - low) / (high - low).clamp(min=1e-6)).to(torch.uint8).expand(-1, 3, -1, -1).cpu()
-    classes = torch.arange(1, max(2, num_classes))[:, None, None]  # foreground classes; background stays bare
-    palette = ["#00ff00", "#ff00ff", "#00ffff", "#ffff00", "#ff8000", "#0080ff"]
-    colors = [palette[i % len(palette)] for i in range(len(classes))]
-    tiles = [draw_segmentation_masks(image, labels[None] == classes, alpha=0.45, colors=colors)
-             for image, mask, pred in zip(images, masks.cpu(), preds.cpu()) for labels in (mask, pred)]
-    tmp = f"{path}.tmp-{os.getpid()}.png"
-    save_image(make_grid(tiles, nrow=2, padding=4).float() / 255, tmp)
-    os.replace(tmp, path)
-
-
-# run folder and checkpoints ---------------------------------------------------------------------
-
-
-def open_run(args, ddp):
-    """(the run's folder, ``log(record, line)``: on the main process, print the line, append the record to metrics)."""
-    run_dir = None
+def open_run(args, ddp, ckpt):
+    """(the run's folder: --output-dir, --resume's, or a new RUNS_DIR/expN, on the main process unless only
+    evaluating; ``log(record, line)``, which prints the line and appends the record to its metrics.jsonl)."""
+    out = None
     if ddp.master and (args.output_dir or not args.evaluate):
-        run_dir = args.output_dir or (os.path.dirname(os.path.abspath(args.resume)) if args.resume else None)
-        if run_dir is None:
+        out = args.output_dir or (os.path.dirname(os.path.abspath(args.resume)) if args.resume else None)
+        if out is None:
             os.makedirs(RUNS_DIR, exist_ok=True)
             n = 1 + max([int(d[3:]) for d in os.listdir(RUNS_DIR) if d[:3] == "exp" and d[3:].isdigit()], default=0)
-        while run_dir is None:  # mkdir is atomic: two runs starting at once get two folders
+        while out is None:  # mkdir is atomic: two runs starting at once get two folders
             with contextlib.suppress(FileExistsError):
                 os.mkdir(os.path.join(RUNS_DIR, f"exp{n}"))
-                run_dir = os.path.join(RUNS_DIR, f"exp{n}")
+                out = os.path.join(RUNS_DIR, f"exp{n}")
             n += 1
-        lock_run_dir(run_dir, args)
+        lock_run_dir(out, args, ckpt)
 
     def log(record, line):
         if ddp.master:
             print(line, flush=True)
-            if run_dir:
-                with open(os.path.join(run_dir, "metrics.jsonl"), "a") as f:
+            if out:
+                with open(os.path.join(out, "metrics.jsonl"), "a") as f:
                     f.write(json.dumps(record) + "\n")
 
-    log.run_dir = run_dir
-    return run_dir, log
+    log.run_dir = out
+    return out, log
 
-
-def lock_run_dir(out, args):
-    """The run's folder, created and locked: not one another run writes to, nor, without --overwrite, another's."""
+def lock_run_dir(out, args, ckpt):
+    """Refused: a folder another run writes to, or, without --overwrite, one holding another run's checkpoint.
+    metrics.jsonl keeps each record once: a resumed run's from its checkpoint's step on, a new run's alone."""
     if os.path.exists(out) and not os.path.isdir(out):
         raise UsageError(f"--output-dir {out}: is a file, not a folder")
     try:
@@ -590,24 +591,32 @@ def lock_run_dir(out, args):
     if previous and not args.evaluate and not continuing and not args.overwrite:
         raise UsageError(f"--output-dir {out}: holds a previous run's {previous[0]}; pass --resume "
                          f"{os.path.join(out, previous[0])} to continue it or --overwrite to replace it")
-    if args.overwrite and not continuing and os.path.exists(os.path.join(out, "metrics.jsonl")):
-        os.remove(os.path.join(out, "metrics.jsonl"))
+    metrics = os.path.join(out, "metrics.jsonl")
+    if continuing and not args.evaluate and os.path.exists(metrics):  # the steps after the checkpoint run again
+        with open(metrics) as f:
+            kept = [r for r in f if json.loads(r).get("global_step", 0) <= ckpt.get("global_step", math.inf)]
+        with atomic_open(metrics, "w") as f:
+            f.writelines(kept)
+    elif not continuing and (args.overwrite or not previous) and os.path.exists(metrics):  # a run without checkpoints
+        os.remove(metrics)
     for name in os.listdir(out):  # what a killed save left behind; the lock says no other run is saving here
-        if ".pth.tmp-" in name:
+        if ".pth.tmp-" in name or name.endswith(".partial"):
             os.remove(os.path.join(out, name))
 
-
-def save_checkpoint(run_dir, state, data, args, ddp, *, epoch, step, best, is_best, log):
+def save_checkpoint(run_dir, state, data, args, ddp, *, epoch, step, best, is_best, log, loss_sum):
     """checkpoint.pth (and best.pth): ``state``'s state dicts, the position, every process's DALI and random state."""
-    states = [(data.train_loader.checkpoints()[0], torch.get_rng_state())]  # this process's DALI and random state
+    states = [(data.train_loader.checkpoints()[0], torch.get_rng_state(), loss_sum)]  # this process's
     if dist.is_initialized():
         states, mine = [None] * ddp.world_size if ddp.master else None, states[0]
         dist.gather_object(mine, states, dst=0)
     if not ddp.master:
-        return
-    dali, rng = (list(s) for s in zip(*states))
+        return None
+    dali, rng, loss_sums = (list(s) for s in zip(*states))
     ckpt = {name: obj.state_dict() if obj is not None else None for name, obj in state.items()}
-    ckpt.update(epoch=epoch, step=step, args=vars(args), best=best, classes=data.classes, rng=rng,
+    check_finite(all(torch.isfinite(v).all() for v in ckpt["model"].values() if v.is_floating_point()), epoch, step,
+                 "weights")
+    ckpt.update(epoch=epoch, step=step, global_step=(epoch - 1) * data.steps + step, loss_sum=loss_sums,
+                args=vars(args), best=best, classes=data.classes, rng=rng,
                 num_samples=data.num_samples, world_size=ddp.world_size, dali=dali if args.loader == "dali" else None)
     for name in ("checkpoint.pth", "best.pth") if is_best else ("checkpoint.pth",):
         path, tmp = os.path.join(run_dir, name), os.path.join(run_dir, f"{name}.tmp-{os.getpid()}")
@@ -620,8 +629,9 @@ def save_checkpoint(run_dir, state, data, args, ddp, *, epoch, step, best, is_be
             why = e.strerror if isinstance(e, OSError) and e.strerror else str(e).strip().splitlines()[-1]
             raise UsageError(f"{path}: could not save the checkpoint ({why}); the previous one is kept") from None
     if step < data.steps:
-        log({"type": "checkpoint", "epoch": epoch, "step": step}, f"saved checkpoint.pth at epoch {epoch} step {step}")
-
+        log({"type": "checkpoint", "epoch": epoch, "step": step, "global_step": ckpt["global_step"]},
+            f"saved checkpoint.pth at epoch {epoch} step {step}")
+    return os.path.join(run_dir, "checkpoint.pth")
 
 def load_checkpoint(path):
     if not os.path.isfile(path):
@@ -635,29 +645,25 @@ def load_checkpoint(path):
         raise UsageError(f"--resume {path}: not a checkpoint written by {os.path.basename(__file__)}")
     return ckpt
 
-
 def check_resumable(ckpt, args, classes, num_samples, world_size):
     """One line on the first way the checkpoint does not fit this run's model, data or layout."""
     where, saved = f"--resume {args.resume}", ckpt["args"]
     if saved["arch"] != args.arch:
         raise UsageError(f"{where}: a checkpoint of --arch {saved['arch']}, not --arch {args.arch}")
-    if ckpt["classes"] != classes:
-        a, b = ckpt["classes"], classes
-        first = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
-        detail = (f"class {first} is {a[first]!r} there and {b[first]!r} in --data" if first is not None
-                  else f"{len(a)} classes there, {len(b)} in --data")
-        raise UsageError(f"{where}: trained on other classes ({detail})")
+    if (theirs := ckpt["classes"]) != classes:
+        k = next((i for i, (x, y) in enumerate(zip(theirs, classes)) if x != y), None)
+        raise UsageError(f"{where}: trained on other classes (" + (f"class {k} is {theirs[k]!r} there and {classes[k]!r} "
+                         f"in --data)" if k is not None else f"{len(theirs)} classes there, {len(classes)} in --data)"))
     if not args.evaluate and (ckpt["world_size"], saved["batch_size"], ckpt["num_samples"]) != (
             world_size, args.batch_size, num_samples):
         raise UsageError(f"{where}: taken with {ckpt['world_size']} process(es) x batch {saved['batch_size']} on "
                          f"{ckpt['num_samples']} training samples, this run has {world_size} x {args.batch_size} on "
                          f"{num_samples}; resume with the same, so the remaining steps and samples are the same")
 
-
 def resume(ckpt, args, ddp, state, steps, log):
-    """(first epoch, steps of it already done, best score so far), from the checkpoint into ``state``'s objects."""
+    """(first epoch, steps of it done, best score, this process's loss sum over them); ``state`` loaded from ``ckpt``."""
     if not ckpt:
-        return 1, 0, -math.inf
+        return 1, 0, -math.inf, 0.0
     if state["model_ema"] is not None and ckpt.get("model_ema") is None:
         raise UsageError(f"--resume {args.resume}: holds no EMA weights (its run had no --model-ema)")
     for name in ("model", "model_ema") if args.evaluate else state:
@@ -668,33 +674,28 @@ def resume(ckpt, args, ddp, state, steps, log):
             raise UsageError(f"--resume {args.resume}: its weights do not fit this model "
                              f"({str(e).splitlines()[1].strip()})") from None
     if args.evaluate:
-        return 1, 0, -math.inf
+        return 1, 0, -math.inf, 0.0
     torch.set_rng_state(ckpt["rng"][ddp.rank])
     start_epoch, first_step = (ckpt["epoch"] + 1, 0) if ckpt["step"] == steps else (ckpt["epoch"], ckpt["step"])
     log({"type": "resume", "epoch": start_epoch, "step": first_step},
         f"resumed from {args.resume}: epoch {start_epoch}, after step {first_step} of {steps}")
-    return start_epoch, first_step, ckpt["best"]
-
+    return start_epoch, first_step, ckpt["best"], ckpt.get("loss_sum", [0.0] * ddp.world_size)[ddp.rank] * (first_step > 0)
 
 if __name__ == "__main__":
     args = parse_args()
     try:
         main(args)
     except (Exception, KeyboardInterrupt) as e:
-        usage = isinstance(e, (UsageError, DataError))
-        if usage:
-            print(f"error: {e}", file=sys.stderr, flush=True)
-        if dist.is_initialized() and dist.get_world_size() > 1:
-            # Other processes may wait for this one in a collective, and with NCCL a graceful destroy_process_group()
-            # then waits forever: end this process at once, and torchrun stops the others with this error.
-            if not usage:
-                traceback.print_exc()
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(2 if usage else 1)
-        if not usage:
+        status = 2 if isinstance(e, (UsageError, DataError)) else 130 if isinstance(e, KeyboardInterrupt) else 1
+        alone = not (dist.is_initialized() and dist.get_world_size() > 1)
+        if status == 1 and alone:
             raise
-        sys.exit(2)
+        print(f"error: {e}" if status == 2 else "interrupted: nothing saved since the last checkpoint" if status == 130
+              else traceback.format_exc(), file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        # Other processes may wait for this one in a collective, where NCCL's graceful destroy_process_group() would
+        # wait forever: end at once, and torchrun stops the others with this error.
+        sys.exit(status) if alone else os._exit(status)
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
