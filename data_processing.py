@@ -40,6 +40,9 @@ system that passes flock locks between them (Linux NFS clients do).
     root = prepare("data/demo_png")       # a PNG root is prepared into data/demo_png/npy
     imgs, lbls = read_split(root, "train")
 
+Checking and converting a root that takes minutes prints a progress line on stderr every few seconds;
+stdout has only the summary line.
+
 Bad input raises ``pipelines.DataError`` naming the offending path; on the command line it is
 printed as ``error: <message>`` and the exit status is 2.
 """
@@ -60,7 +63,7 @@ from collections import defaultdict
 import numpy as np
 from PIL import Image, ImageDraw, ImageFilter
 
-from pipelines import CSV_HEADER, DataError, atomic_open, atomic_temp_pattern
+from pipelines import CSV_HEADER, DataError, atomic_open, atomic_temp_pattern, progress
 
 SPLITS = ("train", "valid")
 # Where prepare() puts the .npy pairs of a PNG root: inside it, so no write access to its
@@ -304,7 +307,7 @@ def _outputs(dst_root):
 def _plan(pairs, src_root, dst_root):
     """(todo, stale) of ``png2numpy``: the (png, npy, to_array) to convert, and the ``.npy`` to remove."""
     wanted, todo = set(), []
-    for group, stem, image_png, mask_png in pairs:
+    for group, stem, image_png, mask_png in progress(pairs, len(pairs), "checking PNG pairs"):
         image_size, mask_size = _png_size(image_png), _png_size(mask_png)
         if image_size != mask_size:
             raise DataError(f"{mask_png}: mask is {mask_size[0]}x{mask_size[1]} but its image {image_png} is "
@@ -352,7 +355,7 @@ def png2numpy(src_root, dst_root):
             _remove(_record_path(npy))
             with contextlib.suppress(OSError):
                 os.rmdir(os.path.dirname(npy))  # only if that emptied the group's folder
-        for png, npy, to_array in todo:
+        for png, npy, to_array in progress(todo, len(todo), "converting PNGs to .npy"):
             _convert(png, npy, to_array)
     return len(todo)
 
