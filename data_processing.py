@@ -256,6 +256,14 @@ def _record_path(npy):
     return os.path.join(folder, f".{name}.source")
 
 
+def _sha256(f):
+    """The hex SHA-256 of the rest of the open file ``f``, read 1 MiB at a time (``hashlib.file_digest`` is 3.11+)."""
+    digest = hashlib.sha256()
+    for chunk in iter(lambda: f.read(1 << 20), b""):
+        digest.update(chunk)
+    return digest.hexdigest()
+
+
 def _is_current(npy, png, shape):
     """Whether ``npy`` is a complete uint8 array of ``shape`` converted from ``png`` as it is now.
 
@@ -269,7 +277,7 @@ def _is_current(npy, png, shape):
             # The size first: a PNG of another size is not read to be hashed.
             if record["size"] != os.fstat(f.fileno()).st_size:
                 return False
-            if record["sha256"] != hashlib.file_digest(f, "sha256").hexdigest():
+            if record["sha256"] != _sha256(f):
                 return False
         # The memory map checks that the file holds all the data its header announces.
         array = np.load(npy, mmap_mode="r")
