@@ -40,6 +40,9 @@ system that passes flock locks between them (Linux NFS clients do).
     root = prepare("data/demo_png")       # a PNG root is prepared into data/demo_png/npy
     imgs, lbls = read_split(root, "train")
 
+Checking and converting a root that takes minutes prints a progress line on stderr every few seconds;
+stdout has only the summary line.
+
 Bad input raises ``pipelines.DataError`` naming the offending path; on the command line it is
 printed as ``error: <message>`` and the exit status is 2.
 """
@@ -60,7 +63,7 @@ from collections import defaultdict
 import numpy as np
 from PIL import Image, ImageDraw, ImageFilter
 
-from pipelines import CSV_HEADER, DataError, atomic_open, atomic_temp_pattern
+from pipelines import CSV_HEADER, DataError, atomic_open, atomic_temp_pattern, progress
 
 SPLITS = ("train", "valid")
 # Where prepare() puts the .npy pairs of a PNG root: inside it, so no write access to its
@@ -253,6 +256,14 @@ def _record_path(npy):
     return os.path.join(folder, f".{name}.source")
 
 
+def _sha256(f):
+    """The hex SHA-256 of the rest of the open file ``f``, read 1 MiB at a time (``hashlib.file_digest`` is 3.11+)."""
+    digest = hashlib.sha256()
+    for chunk in iter(lambda: f.read(1 << 20), b""):
+        digest.update(chunk)
+    return digest.hexdigest()
+
+
 def _is_current(npy, png, shape):
     """Whether ``npy`` is a complete uint8 array of ``shape`` converted from ``png`` as it is now.
 
@@ -266,7 +277,7 @@ def _is_current(npy, png, shape):
             # The size first: a PNG of another size is not read to be hashed.
             if record["size"] != os.fstat(f.fileno()).st_size:
                 return False
-            if record["sha256"] != hashlib.file_digest(f, "sha256").hexdigest():
+            if record["sha256"] != _sha256(f):
                 return False
         # The memory map checks that the file holds all the data its header announces.
         array = np.load(npy, mmap_mode="r")
@@ -304,7 +315,7 @@ def _outputs(dst_root):
 def _plan(pairs, src_root, dst_root):
     """(todo, stale) of ``png2numpy``: the (png, npy, to_array) to convert, and the ``.npy`` to remove."""
     wanted, todo = set(), []
-    for group, stem, image_png, mask_png in pairs:
+    for group, stem, image_png, mask_png in progress(pairs, len(pairs), "checking PNG pairs"):
         image_size, mask_size = _png_size(image_png), _png_size(mask_png)
         if image_size != mask_size:
             raise DataError(f"{mask_png}: mask is {mask_size[0]}x{mask_size[1]} but its image {image_png} is "
@@ -352,7 +363,7 @@ def png2numpy(src_root, dst_root):
             _remove(_record_path(npy))
             with contextlib.suppress(OSError):
                 os.rmdir(os.path.dirname(npy))  # only if that emptied the group's folder
-        for png, npy, to_array in todo:
+        for png, npy, to_array in progress(todo, len(todo), "converting PNGs to .npy"):
             _convert(png, npy, to_array)
     return len(todo)
 

@@ -523,3 +523,33 @@ def test_command_line_bad_input_prints_one_error_line(tmp_path):
     assert result.returncode == 2
     assert result.stderr == f"error: {tmp_path / 'nope' / 'Images'}: no such directory " \
                             f"(expected {tmp_path / 'nope' / 'Images'}/<group>/<name>.png)\n"
+
+
+# A clock that moves 2 s at every reading, so each PNG seems to take seconds, as in a root of tens of thousands.
+# In a child process: pipelines.progress writes to the sys.stderr of its import, which pytest's capture does not see.
+SLOW_CLOCK = """
+import itertools, sys, time
+import data_processing
+
+clock = itertools.count(0, 2)
+time.perf_counter = lambda: next(clock)
+data_processing.main(sys.argv[1:])
+"""
+
+
+def test_long_conversion_prints_progress_on_stderr_and_a_quick_one_none(tmp_path):
+    src, slow_dst, quick_dst = binary_root(tmp_path / "src"), tmp_path / "slow", tmp_path / "quick"
+    slow = subprocess.run([sys.executable, "-c", SLOW_CLOCK, str(src), str(slow_dst)],
+                          capture_output=True, text=True, cwd=HERE)
+    quick = subprocess.run([sys.executable, "data_processing.py", str(src), str(quick_dst)],
+                           capture_output=True, text=True, cwd=HERE)
+    assert (quick.returncode, quick.stderr) == (0, ""), quick
+    assert quick.stdout.startswith(f"{quick_dst}: 12 pairs") and quick.stdout.endswith(" 24 .npy files written\n")
+    # The progress lines leave stdout as it was: the same summary line.
+    assert (slow.returncode, slow.stdout) == (0, quick.stdout.replace(str(quick_dst), str(slow_dst))), slow
+    lines = slow.stderr.splitlines()
+    assert all(line.startswith(("checking PNG pairs: ", "converting PNGs to .npy: ")) for line in lines), lines
+    # Two checks: the one that finds work to do, then the plan made again under the writers' lock.
+    assert lines.count("checking PNG pairs: 12 done in 26 s") == 2, lines
+    assert "converting PNGs to .npy: 3/24 (12 %), 0.5/s, eta 42 s" in lines, lines
+    assert lines[-1] == "converting PNGs to .npy: 24 done in 50 s", lines
