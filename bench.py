@@ -64,9 +64,11 @@ from pipelines import (
     IMAGENET_MEAN,
     IMAGENET_STD,
     ClassifyTrainPipeline,
+    ClassifyValPipeline,
     atomic_open,
     check_segmentation_files,
     classify_iterator,
+    decoded_size,
     fetch_dali_loader,
     list_image_folder,
     segment_iterator,
@@ -437,13 +439,29 @@ def dali_threads(args, device_id):
 
 def dali_classify(args, device_id, layout="folder", **pipeline_kwargs):
     """``ClassifyTrainPipeline`` over the JPEGs, or over the same JPEGs in TFRecord or WebDataset shards;
-    ``output_layout="HWC"`` batches become channels_last NCHW tensors, as the trainer makes them."""
+    ``output_layout="HWC"`` batches become channels_last NCHW tensors, as the trainer makes them. With a
+    ``decoder_cache``, its first epoch (which fills the cache) runs first and goes to ``args.cache_fills``: what
+    the timing measures is the epochs after it."""
     data_dir = args.data_dir if layout == "folder" else args.shards[layout]
+    free = torch.cuda.mem_get_info()[0] if pipeline_kwargs.get("decoder_cache") else None
     pipe = ClassifyTrainPipeline(args.batch_size, dali_threads(args, device_id), device_id, data_dir, seed=SEED,
                                  hw_decoder_load=args.hw_decoder_load,
                                  prefetch_queue_depth=args.prefetch_queue_depth, **pipeline_kwargs)
     hwc = pipeline_kwargs.get("output_layout") == "HWC"
-    return endless(classify_iterator(pipe), args.device,
+    loader = classify_iterator(pipe)
+    if free is not None:
+        start = time.perf_counter()
+        for _ in loader:
+            pass
+        torch.cuda.synchronize()
+        seconds = time.perf_counter() - start
+        fill = dict(cache_mb=pipeline_kwargs["decoder_cache"], first_epoch_s=round(seconds, 2),
+                    first_epoch_img_per_s=round(pipe.num_samples / seconds, 1),
+                    dali_gpu_gb=round((free - torch.cuda.mem_get_info()[0]) / 1e9, 2))
+        args.cache_fills.append(fill)
+        log(f"  decoder cache of {fill['cache_mb']} MB filled in {seconds:.1f} s ({fill['first_epoch_img_per_s']} "
+            f"img/s); DALI holds {fill['dali_gpu_gb']} GB of GPU memory")
+    return endless(loader, args.device,
                    lambda b: (b[0]["data"].permute(0, 3, 1, 2) if hwc else b[0]["data"], b[0]["label"].squeeze(-1).long()))
 
 
@@ -827,6 +845,10 @@ def report_lines(report):
     if report["end_to_end"]:
         lines += table("end to end: training img/s (bf16, channels_last, SGD) and the share of each step spent "
                        "waiting for data", report["end_to_end"], [("model", "model", "")] + LOADER_COLUMNS[:4])
+    if report["cache"]:
+        lines += table("decoder cache: the first epoch, which fills it, and the GPU memory DALI holds then",
+                       report["cache"], [("cache MB", "cache_mb", "d"), ("first epoch s", "first_epoch_s", ".2f"),
+                                         ("img/s", "first_epoch_img_per_s", ",.1f"), ("DALI GB", "dali_gpu_gb", ".2f")])
     if report["sweep"]:
         lines += table("sweep: mixed-decode loader", report["sweep"],
                        [("setting", "loader", ""), ("threads", "threads", "d"), ("hw_decoder_load", "hw_decoder_load", ".2f"),
@@ -857,7 +879,7 @@ def main():
     args.gpu = torch.cuda.is_available()
     args.device = "cuda" if args.gpu else "cpu"
     report = dict(meta=meta(args), dataset=None, segmentation_dataset=None, decoder=[], classification=[],
-                  segmentation=[], end_to_end=[], sweep=[], skipped={})
+                  segmentation=[], end_to_end=[], sweep=[], cache=[], skipped={})
     log(f"bench.py on {report['meta']['gpu'] or 'CPU only'}, {args.workers} workers: {report['meta']['command']}")
 
     args.data_dir, source = jpeg_set(args)
@@ -880,9 +902,16 @@ def main():
     device_id = 0 if args.gpu else None
     shards = [(f"{'dali-mixed' if args.gpu else 'dali-cpu'}-{fmt}", partial(dali_classify, device_id=device_id, layout=fmt))
               for fmt in ("tfrecord", "wds")]
+    # The decoder cache: whole images decoded once into a cache that holds them all, or half of them.
+    cache_mb = math.ceil(1.1 * decoded_size(ClassifyValPipeline(1, 1, None, args.data_dir)))
+    args.cache_fills = report["cache"]
     loaders = [("dali-mixed", partial(dali_classify, device_id=0)),
                ("dali-mixed-hwc", partial(dali_classify, device_id=0, output_layout="HWC")),
-               ("dali-mixed-hwc-fp16", partial(dali_classify, device_id=0, output_layout="HWC", dtype="float16"))
+               ("dali-mixed-hwc-fp16", partial(dali_classify, device_id=0, output_layout="HWC", dtype="float16")),
+               ("dali-mixed-full", partial(dali_classify, device_id=0, output_layout="HWC", decoder_cache=0)),
+               ("dali-mixed-cached", partial(dali_classify, device_id=0, output_layout="HWC", decoder_cache=cache_mb)),
+               ("dali-mixed-half-cache", partial(dali_classify, device_id=0, output_layout="HWC",
+                                                 decoder_cache=cache_mb // 2)),
                ] if args.gpu else []
     loaders += shards + [("dali-cpu", partial(dali_classify, device_id=None)), ("dataloader", torchvision_classify)]
     report["classification"] = with_ratios([guarded(dict(loader=name), time_loader, name, make, args)
