@@ -143,6 +143,9 @@ def parse_args(argv=None):
     p.add_argument("--models", metavar="LIST", default="resnet50,resnet18",
                    help="torchvision models for the end-to-end section, comma-separated "
                         "(default: resnet50,resnet18)")
+    p.add_argument("--only", metavar="LIST",
+                   help="only the classification loaders whose names contain one of these comma-separated words "
+                        "(and the end-to-end rows they feed); skips the decoder and segmentation sections")
     p.add_argument("--hw-decoder-load", metavar="F", type=float, default=DEFAULT_HW_DECODER_LOAD,
                    help=f"share of JPEG decoding on the GPU's hardware decoder, for the mixed-decode "
                         f"pipeline (default: {DEFAULT_HW_DECODER_LOAD})")
@@ -889,13 +892,13 @@ def main():
     for line in header_lines(report)[-2:]:
         log(line)
 
-    if args.gpu:
+    if args.gpu and not args.only:
         log(f"decoder ceiling: mixed decode alone, hw_decoder_load {args.hw_decoder_load}")
         report["decoder"] = [guarded(dict(loader=name), time_decoder, name, args, crop)
                              for name, crop in (("decode", False), ("crop-decode", True))]
         save(report, args.json)
     else:
-        report["skipped"]["decoder"] = "no CUDA device"
+        report["skipped"]["decoder"] = "--only" if args.only else "no CUDA device"
 
     args.shards = shard_sets(args)
     log("classification loaders")
@@ -914,6 +917,8 @@ def main():
                                                  decoder_cache=cache_mb // 2)),
                ] if args.gpu else []
     loaders += shards + [("dali-cpu", partial(dali_classify, device_id=None)), ("dataloader", torchvision_classify)]
+    if args.only:
+        loaders = [(name, make) for name, make in loaders if any(word in name for word in args.only.split(","))]
     report["classification"] = with_ratios([guarded(dict(loader=name), time_loader, name, make, args)
                                             for name, make in loaders])
     save(report, args.json)
@@ -921,6 +926,7 @@ def main():
     log("segmentation loaders")
     seg_loaders = [("dali-gpu", partial(dali_segment, device_id=0))] if args.gpu else []
     seg_loaders += [("dali-cpu", partial(dali_segment, device_id=None)), ("dataloader", torch_segment)]
+    seg_loaders = [] if args.only else seg_loaders
     report["segmentation"] = with_ratios([guarded(dict(loader=name), time_loader, name, make, args)
                                           for name, make in seg_loaders])
     save(report, args.json)
