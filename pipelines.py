@@ -1054,16 +1054,16 @@ def decoded_size(pipe, sample=256):
 
 
 def plan_decoder_cache(mode, pipes):
-    """(MB of decoder cache for each of ``pipes``, or None; a line saying which and why). ``mode`` "on", "off", or
-    "auto": on when the pipelines' shares of decoded images fit in half the GPU's free memory, the rest left to the
-    model. CPU-only pipelines have no cache."""
+    """(MB of decoder cache for ``pipes``, or None; a line saying which and why). ``mode`` "on", "off", or "auto": on
+    when the pipelines' shares of decoded images fit in half the GPU's free memory, the rest left to the model.
+    DALI keeps one cache per GPU for every decoder of the process, so all of ``pipes`` get the same size."""
     if mode == "off" or pipes[0].device_id is None:
         return None, None
-    need = [1.1 * decoded_size(p) for p in pipes]  # 1.1: room for the estimate's error
+    need = 1.1 * sum(decoded_size(p) for p in pipes)  # 1.1: room for the estimate's error
     free = torch.cuda.mem_get_info(pipes[0].device_id)[0] / 2 ** 20
-    on = mode == "on" or sum(need) < free / 2
-    return [math.ceil(n) for n in need] if on else None, (
-        f"decoder cache {'on' if on else 'off'} ({mode}): this process's images take about {sum(need) / 1024:.1f} GB "
+    on = mode == "on" or need < free / 2
+    return math.ceil(need) if on else None, (
+        f"decoder cache {'on' if on else 'off'} ({mode}): this process's images take about {need / 1024:.1f} GB "
         f"decoded, and {free / 1024:.1f} GB of GPU memory are free")
 
 

@@ -116,7 +116,7 @@ def test_demo_learns_on_the_gpu_with_the_decoder_cache(tmp_path):
     run("--data", "demo", "--epochs", "2", "--print-freq", "5", "--amp", "bf16", "--channels-last",
         "--decoder-cache", "on", "--output-dir", out, env=os.environ)
     (decision,) = records(out, "decoder_cache")
-    assert len(decision["mb"]) == 2 and all(mb > 0 for mb in decision["mb"])
+    assert decision["mb"] > 0
     epochs = records(out, "epoch")
     assert epochs[-1]["val_top1"] >= 50 and epochs[-1]["train_loss"] < epochs[0]["train_loss"], epochs
     assert torch.load(os.path.join(out, "checkpoint.pth"), weights_only=True)["decoder_cache"] == decision["mb"]

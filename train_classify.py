@@ -475,9 +475,9 @@ def build_data(args, ddp, ckpt, log):
                          hw_decoder_load=args.hw_decoder_load, label_offset=args.label_offset, num_classes=args.num_classes,
                          output_layout="HWC" if args.channels_last else "CHW")  # HWC is channels_last: no transpose
 
-    def pipelines(cache=(None, None)):  # (train MB, val MB) of DALI's decoder cache: see plan_decoder_cache
+    def pipelines(cache=None):  # MB of DALI's decoder cache, one for both pipelines: see plan_decoder_cache
         # Checkpointing the train pipeline (reader position, random states) costs nothing until asked for.
-        train = ClassifyTrainPipeline(args.batch_size, data_dir=os.path.join(args.data, "train"), decoder_cache=cache[0],
+        train = ClassifyTrainPipeline(args.batch_size, data_dir=os.path.join(args.data, "train"), decoder_cache=cache,
                                       crop_size=args.train_crop_size, random_erase=args.random_erase,
                                       enable_checkpointing=True, checkpoint=dali_state[ddp.rank] if dali_state else None,
                                       **pipeline_args)
@@ -487,7 +487,7 @@ def build_data(args, ddp, ckpt, log):
         classes = train.classes or [str(k) for k in range(train.num_classes)]  # names: checkpoints compare them
         return train, ClassifyValPipeline(args.batch_size, data_dir=os.path.join(args.data, "val"), classes=classes,
                                           crop_size=args.val_crop_size, resize_size=args.val_resize_size,
-                                          decoder_cache=cache[1], **pipeline_args), classes
+                                          decoder_cache=cache, **pipeline_args), classes
 
     train_pipe, val_pipe, classes = pipelines()
     cache, why = (ckpt.get("decoder_cache"), None) if dali_state else plan_decoder_cache(args.decoder_cache,
