@@ -21,15 +21,19 @@ TRAIN = {"Apple": 4, "b c": 5, "zebra": 3}  # class -> images; sorted as torchvi
 VAL = {"zebra": 2, "Apple": 1}  # a subset: labelled by train's indices
 
 
-@pytest.fixture
-def src(tmp_path):
-    root = tmp_path / "src"
+def image_folder(root, blue=99):
+    """An ImageFolder root of TRAIN and VAL's classes: small solid-colour PNGs (``blue`` tells two sets apart)."""
     for split, counts in (("train", TRAIN), ("val", VAL)):
         for c, (name, n) in enumerate(counts.items()):
             (root / split / name).mkdir(parents=True)
             for i in range(n):
-                Image.new("RGB", (8 + i, 6 + c), (30 * c, 20 * i, 99)).save(root / split / name / f"{i}.png")
+                Image.new("RGB", (8 + i, 6 + c), (30 * c, 20 * i, blue)).save(root / split / name / f"{i}.png")
     return root
+
+
+@pytest.fixture
+def src(tmp_path):
+    return image_folder(tmp_path / "src")
 
 
 def source_pairs(src, split):
@@ -123,7 +127,7 @@ def write_then_die(real):
         if len(calls) == 2:  # in the middle of the second shard
             f.write(b"half a shard")
             f.flush()
-            os.kill(os.getpid(), signal.SIGKILL)
+            os.killpg(os.getpgrp(), signal.SIGKILL)  # the whole job, as a scheduler kills it
         return real(f, *args)
     return write
 make_shards.write_tfrecord = write_then_die(make_shards.write_tfrecord)
@@ -132,28 +136,62 @@ make_shards.main()
 """
 
 
-@pytest.mark.parametrize("fmt", ["tfrecord", "wds"])
-def test_rerun_after_a_kill_is_complete(src, tmp_path, fmt):
-    dst = tmp_path / "dst"
-    make_shards(str(src), str(dst), fmt, shard_size=2, seed=0)  # an earlier set with other names
+def kill_midway(tmp_path, *args):
+    """Runs make_shards.py with ``args`` in a process group of its own, killed as it writes its second shard."""
     (tmp_path / "spy.py").write_text(SPY.format(here=HERE))
-    killed = subprocess.run([sys.executable, str(tmp_path / "spy.py"), str(src), str(dst), "--format", fmt,
-                             "--shard-size", "5"], capture_output=True, timeout=300)
-    assert killed.returncode == -signal.SIGKILL
+    killed = subprocess.run([sys.executable, str(tmp_path / "spy.py"), *map(str, args)], capture_output=True,
+                            timeout=300, start_new_session=True)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr.decode()
+
+
+def train_shards(fmt, count):
+    return [f"train-{k:05d}-of-{count:05d}" if fmt == "tfrecord" else f"train-{k:06d}.tar" for k in range(count)]
+
+
+def inodes(folder, names):
+    """(inode, mtime) of each of ``names`` that exists in ``folder``: a file written again gets a new inode."""
+    return {n: (os.stat(folder / n).st_ino, os.stat(folder / n).st_mtime_ns) for n in names if (folder / n).exists()}
+
+
+@pytest.mark.parametrize("fmt", ["tfrecord", "wds"])
+def test_rerun_after_a_kill_keeps_complete_shards_and_writes_the_rest(src, tmp_path, fmt):
+    dst = tmp_path / "dst"
+    make_shards(str(src), str(dst), fmt, shard_size=2, seed=0)  # an earlier set of other settings and names
+    args = [src, dst, "--format", fmt, "--shard-size", "5"]
+    kill_midway(tmp_path, *args, "--overwrite")
     left = os.listdir(dst / "train")
     assert not (dst / "manifest.json").exists() and any(n.endswith(".partial") for n in left)
+    shards = train_shards(fmt, 3)
+    complete = inodes(dst / "train", shards)
+    assert list(complete) == shards[:1]
 
-    main([str(src), str(dst), "--format", fmt, "--shard-size", "5"])
-    shards = (["train-00000-of-00003", "train-00001-of-00003", "train-00002-of-00003"] if fmt == "tfrecord"
-              else ["train-000000.tar", "train-000001.tar", "train-000002.tar"])
+    main([str(a) for a in args])  # the same settings: no --overwrite needed
     assert sorted(os.listdir(dst / "train")) == sorted(
         ["classes.txt"] + shards + [s + ".idx" for s in shards] + [s + ".idx.json" for s in shards])
+    assert inodes(dst / "train", complete) == complete  # not written again
     assert json.loads((dst / "manifest.json").read_text())["splits"]["train"] == {"samples": 12, "shards": shards}
     if fmt == "tfrecord":
         payloads = [d for s in shards for d in tfrecord_payloads(dst / "train" / s)]
         assert len(payloads) == 12 and all(sum(i in d for d in payloads) == 1 for i, _ in source_pairs(src, "train"))
     else:
         assert sorted(p for s in shards for p in tar_pairs(dst / "train" / s)) == source_pairs(src, "train")
+
+
+def test_rerun_rewrites_only_the_shards_whose_images_changed(src, tmp_path, capsys):
+    dst = tmp_path / "dst"
+    args = [str(src), str(dst), "--format", "wds", "--shard-size", "5"]
+    main(args)
+    names = [p.name for p in shards_of(dst / "train")]
+    before = inodes(dst / "train", names)
+    main(args)
+    assert inodes(dst / "train", names) == before
+    assert f"{dst / 'train'}: 12 images in 3 wds shards (3 kept from an earlier run)\n" in capsys.readouterr().out
+    (src / "train" / "zebra" / "1.png").write_bytes((src / "train" / "zebra" / "2.png").read_bytes())  # other bytes
+    main(args)
+    assert f"{dst / 'train'}: 12 images in 3 wds shards (2 kept from an earlier run)\n" in capsys.readouterr().out
+    after = inodes(dst / "train", names)
+    assert sum(after[n] == before[n] for n in names) == 2  # the shard holding zebra/1.png is written again
+    assert sorted(p for s in shards_of(dst / "train") for p in tar_pairs(s)) == source_pairs(src, "train")
 
 
 def run_main(capsys, *args):
@@ -179,7 +217,7 @@ def test_bad_input_is_one_error_line(src, tmp_path, capsys):
     assert (tmp_path / "mine" / "train" / "notes.md").read_text() == "keep me"
     assert not (tmp_path / "dst").exists()
     code, err = run_main(capsys, src, tmp_path / "dst", *fmt, "--shard-size", "0")
-    assert code == 2 and err.endswith("error: --shard-size must be at least 1, got 0")
+    assert code == 2 and err.endswith("error: argument --shard-size: must be at least 1, got 0")
 
 
 def test_rerun_in_the_other_format_is_refused(src, tmp_path, capsys):
@@ -189,6 +227,66 @@ def test_rerun_in_the_other_format_is_refused(src, tmp_path, capsys):
     assert code == 2 and err == (f"error: {tmp_path / 'dst' / 'train' / 'train-00000-of-00003'}: not written by "
                                  f"make_shards.py --format wds; choose an empty DST")
     assert sorted(os.listdir(tmp_path / "dst" / "train")) == before
+
+
+def test_another_data_sets_shards_are_replaced_only_with_overwrite(src, tmp_path, capsys):
+    other = image_folder(tmp_path / "other", blue=200)
+    dst = tmp_path / "dst"
+    make_shards(str(other), str(dst), "wds", shard_size=2, seed=0)  # complete: 6 train shards, manifest and all
+    before = {p.name: p.read_bytes() for p in (dst / "train").iterdir()}
+    assert run_main(capsys, src, dst, "--format", "wds", "--shard-size", "5") == (
+        2, f"error: {dst}: holds shards not written for this source and these settings (source {str(other)!r}, not "
+           f"{str(src)!r}, shard_size 2, not 5); pass --overwrite to replace them")
+    assert {p.name: p.read_bytes() for p in (dst / "train").iterdir()} == before
+    assert json.loads((dst / "manifest.json").read_text())["source"] == str(other)
+
+    main([str(src), str(dst), "--format", "wds", "--shard-size", "5", "--overwrite"])
+    assert [p.name for p in shards_of(dst / "train")] == train_shards("wds", 3)  # other's six shards are gone
+    for split in ("train", "val"):
+        assert sorted(pair for shard in shards_of(dst / split) for pair in tar_pairs(shard)) == source_pairs(src, split)
+    assert json.loads((dst / "manifest.json").read_text())["source"] == str(src)
+
+
+def test_tfrecord_named_files_of_another_writer_are_refused(src, tmp_path, capsys):
+    # what TensorFlow's ImageNet scripts write: this script's names, but no claim.json of this script's
+    dst = tmp_path / "dst"
+    (dst / "train").mkdir(parents=True)
+    for name in ("train-00000-of-00002", "train-00001-of-00002"):
+        (dst / "train" / name).write_bytes(b"TensorFlow's records")
+    assert run_main(capsys, src, dst, "--format", "tfrecord", "--shard-size", "5") == (
+        2, f"error: {dst}: holds shards not written for this source and these settings (train/train-00000-of-00002, "
+           f"with no claim.json); pass --overwrite to replace them")
+    assert sorted(os.listdir(dst / "train")) == ["train-00000-of-00002", "train-00001-of-00002"]
+    assert (dst / "train" / "train-00000-of-00002").read_bytes() == b"TensorFlow's records"
+
+    main([str(src), str(dst), "--format", "tfrecord", "--shard-size", "5", "--overwrite"])
+    assert [p.name for p in shards_of(dst / "train")] == train_shards("tfrecord", 3)
+
+
+def test_files_of_other_names_are_never_deleted(src, tmp_path, capsys):
+    dst = tmp_path / "dst"
+    make_shards(str(src), str(dst), "tfrecord", shard_size=2, seed=0)
+    (dst / "README").write_text("DST itself may hold other files")
+    (dst / "train" / "notes.md").write_text("keep me")
+
+    def files():
+        return {p: p.read_bytes() for p in dst.rglob("*") if p.is_file()}
+
+    before = files()
+    for fmt in ("tfrecord", "wds"):
+        assert run_main(capsys, src, dst, "--format", fmt, "--shard-size", "5", "--overwrite") == (
+            2, f"error: {dst / 'train' / 'notes.md'}: not written by make_shards.py --format {fmt}; choose an "
+               f"empty DST")
+        assert files() == before  # nothing deleted, of any name
+    (dst / "train" / "notes.md").unlink()
+    before = files()
+    assert run_main(capsys, src, dst, "--format", "wds", "--shard-size", "5", "--overwrite") == (  # TFRecord names
+        2, f"error: {dst / 'train' / 'train-00000-of-00006'}: not written by make_shards.py --format wds; choose an "
+           f"empty DST")
+    assert files() == before
+    main([str(src), str(dst), "--format", "tfrecord", "--shard-size", "5", "--overwrite"])
+    assert [p.name for p in shards_of(dst / "train")] == train_shards("tfrecord", 3)
+    assert (dst / "README").read_text() == "DST itself may hold other files"
 
 
 def test_val_class_missing_from_train_is_an_error(src, tmp_path, capsys):
