@@ -19,26 +19,30 @@ order is what keeps a batch from holding one class.
 
     python make_shards.py data/imagenet data/imagenet-tfrecord --format tfrecord
     python make_shards.py data/imagenet data/imagenet-wds --format wds --shard-size 2000 --seed 1
+    python make_shards.py data/imagenet data/imagenet-wds --format wds --workers 16
     python train_classify.py --data data/imagenet-wds ...
 
-Every file is written under a temporary name and renamed, so a killed run leaves no half-written
-file under a final name. claim.json, written before any shard, records the settings and a digest of
-each shard's images (files, labels, sizes, modification times): running the same command again
-keeps every shard it vouches for and writes the rest. A DST holding shards of another source or
-other settings is refused unless ``--overwrite``, which replaces them; files of names this script
-does not write are never deleted. Bad input prints one ``error:`` line and exits with status 2.
+``--workers`` processes write whole shards at once; the bytes do not depend on how many. Every file
+is written under a temporary name and renamed, so a killed run leaves no half-written file under a
+final name. claim.json, written before any shard, records the settings and a digest of each shard's
+images (files, labels, sizes, modification times): running the same command again keeps every shard
+it vouches for and writes the rest. A DST holding shards of another source or other settings is
+refused unless ``--overwrite``, which replaces them; files of names this script does not write are
+never deleted. Bad input prints one ``error:`` line and exits with status 2.
 """
 
 import argparse
 import hashlib
 import io
 import json
+import multiprocessing
 import os
 import random
 import re
 import struct
 import sys
 import tarfile
+from concurrent.futures import ProcessPoolExecutor
 
 import google_crc32c
 
@@ -98,7 +102,7 @@ def write_tar(f, samples, keys):
 
 
 def write_shard(path, samples, keys, fmt):
-    """One shard and its index."""
+    """One shard and its index; runs in a worker process."""
     with atomic_open(path) as f:
         if fmt == "tfrecord":
             write_tfrecord(f, samples)
@@ -186,7 +190,7 @@ def claim_dst(dst, fmt, settings, digests, overwrite):
     return keep
 
 
-def make_shards(src, dst, fmt, shard_size, seed, *, overwrite=False):
+def make_shards(src, dst, fmt, shard_size, seed, *, workers=1, overwrite=False):
     """Write the shards, indexes and class lists of both splits, then the manifest; returns the manifest."""
     check_paths(src, dst)
     src = os.path.abspath(src)
@@ -205,20 +209,21 @@ def make_shards(src, dst, fmt, shard_size, seed, *, overwrite=False):
             shards[os.path.join(split, name)] = [(files[i], labels[i]) for i in part], [f"{i:08d}" for i in part]
     keep = claim_dst(dst, fmt, settings, {s: contents(*shards[s]) for s in shards}, overwrite)
 
-    for split in SPLITS:
-        folder = os.path.join(dst, split)
-        os.makedirs(folder, exist_ok=True)
-        mine = [s for s in shards if s.startswith(split + os.sep)]
-        kept = [s for s in mine if s in keep]
-        for s in mine:
-            if s in keep:
-                shard_index(os.path.join(dst, s), fmt)  # reused, or built again if stale
-            else:
-                write_shard(os.path.join(dst, s), *shards[s], fmt)
-        with atomic_open(os.path.join(folder, "classes.txt"), "w") as f:
-            f.write("".join(f"{c}\n" for c in classes))
-        print(f"{folder}: {manifest['splits'][split]['samples']} images in {len(mine)} {fmt} shards"
-              + (f" ({len(kept)} kept from an earlier run)" if kept else ""))
+    # fork: workers start at once, without importing torch and DALI again (DALI runs on Linux only)
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:
+        for split in SPLITS:
+            folder = os.path.join(dst, split)
+            os.makedirs(folder, exist_ok=True)
+            mine = [s for s in shards if s.startswith(split + os.sep)]
+            kept = [os.path.join(dst, s) for s in mine if s in keep]
+            list(pool.map(shard_index, kept, [fmt] * len(kept)))  # each index reused, or built again if stale
+            todo = [s for s in mine if s not in keep]
+            list(pool.map(write_shard, [os.path.join(dst, s) for s in todo], [shards[s][0] for s in todo],
+                          [shards[s][1] for s in todo], [fmt] * len(todo)))
+            with atomic_open(os.path.join(folder, "classes.txt"), "w") as f:
+                f.write("".join(f"{c}\n" for c in classes))
+            print(f"{folder}: {manifest['splits'][split]['samples']} images in {len(mine)} {fmt} shards"
+                  + (f" ({len(kept)} kept from an earlier run)" if kept else ""))
     with atomic_open(os.path.join(dst, "manifest.json"), "w") as f:
         json.dump(manifest, f, indent=1)
     return manifest
@@ -246,11 +251,14 @@ def main(argv=None):
                         help="tfrecord: TensorFlow's tf.train.Example files; wds: WebDataset tars")
     parser.add_argument("--shard-size", type=int_in(1), default=1024, help="images per shard (default: %(default)s)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the write-time shuffle (default: %(default)s)")
+    parser.add_argument("--workers", type=int_in(1), default=len(os.sched_getaffinity(0)),
+                        help="processes writing shards (default: the CPUs this process may use, %(default)s)")
     parser.add_argument("--overwrite", action="store_true",
                         help="replace shards in DST written for another source or other settings")
     args = parser.parse_args(argv)
     try:
-        make_shards(args.src, args.dst, args.format, args.shard_size, args.seed, overwrite=args.overwrite)
+        make_shards(args.src, args.dst, args.format, args.shard_size, args.seed, workers=args.workers,
+                    overwrite=args.overwrite)
     except (DataError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
