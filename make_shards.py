@@ -46,7 +46,7 @@ from concurrent.futures import ProcessPoolExecutor
 
 import google_crc32c
 
-from pipelines import DataError, atomic_open, atomic_temp_pattern, list_image_folder, shard_index
+from pipelines import DataError, atomic_open, atomic_temp_pattern, list_image_folder, progress, shard_index
 
 SPLITS = ("train", "val")
 
@@ -218,8 +218,11 @@ def make_shards(src, dst, fmt, shard_size, seed, *, workers=1, overwrite=False):
             kept = [os.path.join(dst, s) for s in mine if s in keep]
             list(pool.map(shard_index, kept, [fmt] * len(kept)))  # each index reused, or built again if stale
             todo = [s for s in mine if s not in keep]
-            list(pool.map(write_shard, [os.path.join(dst, s) for s in todo], [shards[s][0] for s in todo],
-                          [shards[s][1] for s in todo], [fmt] * len(todo)))
+            done = pool.map(write_shard, [os.path.join(dst, s) for s in todo], [shards[s][0] for s in todo],
+                            [shards[s][1] for s in todo], [fmt] * len(todo))
+            images = (key for s, _ in zip(todo, done) for key in shards[s][1])  # a shard's images once it is done
+            for _ in progress(images, sum(len(shards[s][1]) for s in todo), f"{folder}: images written"):
+                pass
             with atomic_open(os.path.join(folder, "classes.txt"), "w") as f:
                 f.write("".join(f"{c}\n" for c in classes))
             print(f"{folder}: {manifest['splits'][split]['samples']} images in {len(mine)} {fmt} shards"

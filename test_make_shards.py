@@ -2,6 +2,8 @@
 here with independent readers (struct for TFRecord framing, tarfile for WebDataset); that DALI's
 readers give the same (image, label) pairs is tested in test_pipelines.py."""
 
+import functools
+import io
 import json
 import os
 import signal
@@ -14,6 +16,8 @@ import google_crc32c
 import pytest
 from PIL import Image
 
+import make_shards as make_shards_module
+import pipelines
 from make_shards import main, make_shards
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -127,6 +131,21 @@ def test_the_bytes_do_not_depend_on_the_number_of_workers(src, tmp_path, fmt):
     one, two = written("one", 1), written("two", 2)
     assert len(one) == 2 + (2 * 6 + 1) + (2 * 2 + 1)  # claim, manifest; train's and val's shards, indexes, classes
     assert one == two
+
+
+def test_progress_lines_count_the_images_written(src, tmp_path, monkeypatch):
+    out = io.StringIO()
+    monkeypatch.setattr(make_shards_module, "progress", functools.partial(pipelines.progress, out=out))
+    make_shards(str(src), str(tmp_path / "quick"), "wds", shard_size=5, seed=0)
+    assert out.getvalue() == ""  # a job of a second prints no progress
+    monkeypatch.setattr(make_shards_module, "progress", functools.partial(pipelines.progress, every=0, out=out))
+    make_shards(str(src), str(tmp_path / "dst"), "wds", shard_size=5, seed=0)
+    lines = out.getvalue().splitlines()
+    for split, total in (("train", 12), ("val", 3)):
+        what = f"{tmp_path / 'dst' / split}: images written: "
+        mine = [line[len(what):] for line in lines if line.startswith(what)]
+        assert [line.split(" ")[0] for line in mine[:-1]] == [f"{k}/{total}" for k in range(1, total + 1)]
+        assert mine[-1].startswith(f"{total} done in ")
 
 
 SPY = """
