@@ -13,13 +13,14 @@ SRC holds ImageFolder trees ``train/<class>/<image>`` and ``val/<class>/<image>`
     DST/val/...                          the same for val, labelled by train's class names
     DST/manifest.json                    written last: the set is complete
 
-The shards hold the original encoded files, byte for byte (no re-encode), in an order shuffled
-across classes with ``--seed``: DALI's shard readers shuffle only within a window, so the written
-order is what keeps a batch from holding one class.
+The shards hold the original encoded files, byte for byte, in an order shuffled across classes with
+``--seed``: DALI's shard readers shuffle only within a window, so the written order is what keeps a
+batch from holding one class. With ``--max-size S``, an image whose shorter side exceeds S goes in
+as a JPEG (``--quality``) resized to that shorter side instead: a smaller, lower-resolution copy.
 
     python make_shards.py data/imagenet data/imagenet-tfrecord --format tfrecord
     python make_shards.py data/imagenet data/imagenet-wds --format wds --shard-size 2000 --seed 1
-    python make_shards.py data/imagenet data/imagenet-wds --format wds --workers 16
+    python make_shards.py data/imagenet data/imagenet-256 --format wds --max-size 256 --workers 16
     python train_classify.py --data data/imagenet-wds ...
 
 ``--workers`` processes write whole shards at once; the bytes do not depend on how many. Every file
@@ -32,6 +33,7 @@ never deleted. Bad input prints one ``error:`` line and exits with status 2.
 """
 
 import argparse
+import functools
 import hashlib
 import io
 import json
@@ -45,6 +47,7 @@ import tarfile
 from concurrent.futures import ProcessPoolExecutor
 
 import google_crc32c
+from PIL import Image
 
 from pipelines import DataError, atomic_open, atomic_temp_pattern, list_image_folder, progress, shard_index
 
@@ -82,32 +85,56 @@ def masked_crc(data):
     return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
 
 
-def write_tfrecord(f, samples):
+def encoded(path, max_size=None, quality=90):
+    """(bytes, extension) of an image as it goes into a shard: the file itself or, when its shorter side exceeds
+    ``max_size``, a JPEG at ``quality`` resized to that shorter side."""
+    with open(path, "rb") as f:
+        data = f.read()
+    if max_size is not None:
+        try:
+            with Image.open(io.BytesIO(data)) as image:  # reads the header only
+                w, h = image.size
+                if min(w, h) > max_size:
+                    size = (max_size, round(h * max_size / w)) if w <= h else (round(w * max_size / h), max_size)
+                    # reducing_gap: a large shrink starts with a box reduction, faster and, per PIL, no worse
+                    small = image.convert("RGB").resize(size, Image.Resampling.LANCZOS, reducing_gap=3.0)
+                    out = io.BytesIO()
+                    # the EXIF block as it was: DALI's decoder turns an image by its orientation tag
+                    small.save(out, "JPEG", quality=quality, exif=image.info.get("exif", b""))
+                    return out.getvalue(), ".jpg"
+        except (OSError, Image.DecompressionBombError) as e:
+            raise DataError(f"{path}: cannot be decoded to re-encode it for --max-size ({e})") from None
+    return data, os.path.splitext(path)[1].lower()
+
+
+def write_tfrecord(f, samples, max_size=None, quality=90):
     for path, label in samples:
-        with open(path, "rb") as image:
-            data = tf_example(image.read(), label)
+        data = tf_example(encoded(path, max_size, quality)[0], label)
         length = struct.pack("<Q", len(data))
         f.write(length + struct.pack("<I", masked_crc(length)) + data + struct.pack("<I", masked_crc(data)))
 
 
-def write_tar(f, samples, keys):
+def write_tar(f, samples, keys, max_size=None, quality=90):
     # dereference: a symlinked image goes in as the image, not as a link
     with tarfile.open(fileobj=f, mode="w", format=tarfile.GNU_FORMAT, dereference=True) as tar:
         for key, (path, label) in zip(keys, samples):
-            tar.add(path, f"{key}{os.path.splitext(path)[1].lower()}")
+            data, ext = encoded(path, max_size, quality)
+            image = tar.gettarinfo(path, f"{key}{ext}")  # the file's own mode, owner and time
+            image.size = len(data)
+            tar.addfile(image, io.BytesIO(data))
             text = str(label).encode()
             cls = tarfile.TarInfo(f"{key}.cls")
             cls.size = len(text)
             tar.addfile(cls, io.BytesIO(text))
 
 
-def write_shard(path, samples, keys, fmt):
+def write_shard(path, samples, keys, *, fmt, max_size, quality):
     """One shard and its index; runs in a worker process."""
     with atomic_open(path) as f:
         if fmt == "tfrecord":
-            write_tfrecord(f, samples)
+            write_tfrecord(f, samples, max_size, quality)
         else:
-            write_tar(f, samples, keys)
+            write_tar(f, samples, keys, max_size, quality)
     shard_index(path, fmt)
 
 
@@ -190,14 +217,15 @@ def claim_dst(dst, fmt, settings, digests, overwrite):
     return keep
 
 
-def make_shards(src, dst, fmt, shard_size, seed, *, workers=1, overwrite=False):
+def make_shards(src, dst, fmt, shard_size, seed, *, max_size=None, quality=90, workers=1, overwrite=False):
     """Write the shards, indexes and class lists of both splits, then the manifest; returns the manifest."""
     check_paths(src, dst)
     src = os.path.abspath(src)
     train_files, train_labels, classes = list_image_folder(os.path.join(src, "train"))
     # val is labelled by train's class names: a val class that train lacks is an error
     val_files, val_labels, _ = list_image_folder(os.path.join(src, "val"), classes)
-    settings = {"source": src, "format": fmt, "shard_size": shard_size, "seed": seed}
+    settings = {"source": src, "format": fmt, "shard_size": shard_size, "seed": seed, "max_size": max_size,
+                "quality": quality}
     manifest, shards = {**settings, "splits": {}, "classes": classes}, {}
     for split, files, labels in (("train", train_files, train_labels), ("val", val_files, val_labels)):
         order = list(range(len(files)))
@@ -209,6 +237,7 @@ def make_shards(src, dst, fmt, shard_size, seed, *, workers=1, overwrite=False):
             shards[os.path.join(split, name)] = [(files[i], labels[i]) for i in part], [f"{i:08d}" for i in part]
     keep = claim_dst(dst, fmt, settings, {s: contents(*shards[s]) for s in shards}, overwrite)
 
+    write = functools.partial(write_shard, fmt=fmt, max_size=max_size, quality=quality)
     # fork: workers start at once, without importing torch and DALI again (DALI runs on Linux only)
     with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:
         for split in SPLITS:
@@ -218,8 +247,8 @@ def make_shards(src, dst, fmt, shard_size, seed, *, workers=1, overwrite=False):
             kept = [os.path.join(dst, s) for s in mine if s in keep]
             list(pool.map(shard_index, kept, [fmt] * len(kept)))  # each index reused, or built again if stale
             todo = [s for s in mine if s not in keep]
-            done = pool.map(write_shard, [os.path.join(dst, s) for s in todo], [shards[s][0] for s in todo],
-                            [shards[s][1] for s in todo], [fmt] * len(todo))
+            done = pool.map(write, [os.path.join(dst, s) for s in todo], [shards[s][0] for s in todo],
+                            [shards[s][1] for s in todo])
             images = (key for s, _ in zip(todo, done) for key in shards[s][1])  # a shard's images once it is done
             for _ in progress(images, sum(len(shards[s][1]) for s in todo), f"{folder}: images written"):
                 pass
@@ -254,14 +283,19 @@ def main(argv=None):
                         help="tfrecord: TensorFlow's tf.train.Example files; wds: WebDataset tars")
     parser.add_argument("--shard-size", type=int_in(1), default=1024, help="images per shard (default: %(default)s)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the write-time shuffle (default: %(default)s)")
+    parser.add_argument("--max-size", type=int_in(1), metavar="S",
+                        help="re-encode images whose shorter side exceeds S as JPEGs of shorter side S (default: "
+                             "none, every image copied byte for byte)")
+    parser.add_argument("--quality", type=int_in(1, 100), default=90,
+                        help="JPEG quality of the images --max-size re-encodes (default: %(default)s)")
     parser.add_argument("--workers", type=int_in(1), default=len(os.sched_getaffinity(0)),
                         help="processes writing shards (default: the CPUs this process may use, %(default)s)")
     parser.add_argument("--overwrite", action="store_true",
                         help="replace shards in DST written for another source or other settings")
     args = parser.parse_args(argv)
     try:
-        make_shards(args.src, args.dst, args.format, args.shard_size, args.seed, workers=args.workers,
-                    overwrite=args.overwrite)
+        make_shards(args.src, args.dst, args.format, args.shard_size, args.seed, max_size=args.max_size,
+                    quality=args.quality, workers=args.workers, overwrite=args.overwrite)
     except (DataError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)

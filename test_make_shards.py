@@ -13,6 +13,7 @@ import sys
 import tarfile
 
 import google_crc32c
+import numpy as np
 import pytest
 from PIL import Image
 
@@ -123,14 +124,63 @@ def test_same_seed_same_shards_other_seed_other_order(src, tmp_path):
 @pytest.mark.parametrize("fmt", ["tfrecord", "wds"])
 def test_the_bytes_do_not_depend_on_the_number_of_workers(src, tmp_path, fmt):
     def written(dst, workers):
-        make_shards(str(src), str(tmp_path / dst), fmt, shard_size=2, seed=3, workers=workers)
+        # max_size 6 re-encodes train's images of classes b c and zebra (shorter side 7 and 8), copies Apple's (6)
+        make_shards(str(src), str(tmp_path / dst), fmt, shard_size=2, seed=3, max_size=6, workers=workers)
         # not the .idx.json summaries: they record their shard's modification time
         return {p.relative_to(tmp_path / dst): p.read_bytes() for p in (tmp_path / dst).rglob("*")
                 if p.is_file() and not p.name.endswith(".idx.json")}
 
     one, two = written("one", 1), written("two", 2)
     assert len(one) == 2 + (2 * 6 + 1) + (2 * 2 + 1)  # claim, manifest; train's and val's shards, indexes, classes
+    assert any(b"JFIF" in data for data in one.values()) and any(b"\x89PNG" in data for data in one.values())
     assert one == two
+
+
+def gradient(w, h):
+    """An RGB image that is not the same upside down, mirrored or with its channels swapped."""
+    ys, xs = np.mgrid[0:h, 0:w]
+    return Image.fromarray(np.dstack([xs * 255 // w, ys * 255 // h, (xs + ys) * 127 // (w + h)]).astype(np.uint8))
+
+
+def test_max_size_re_encodes_larger_images_and_copies_the_rest(tmp_path):
+    src = tmp_path / "src"
+    for split in ("train", "val"):
+        (src / split / "a").mkdir(parents=True)
+    sizes = {"wide.png": (45, 30), "tall.png": (30, 47), "at_cap.png": (24, 60), "small.jpg": (20, 16)}
+    for name, size in sizes.items():
+        gradient(*size).save(src / "train" / "a" / name)
+    gradient(8, 8).save(src / "val" / "a" / "0.png")
+
+    def written(dst, *flags):
+        """{source file name: (extension, bytes)} of the images in the one train shard."""
+        main([str(src), str(tmp_path / dst), "--format", "wds", "--shard-size", "10", *flags])
+        with tarfile.open(tmp_path / dst / "train" / "train-000000.tar") as tar:
+            images = [m for m in tar.getmembers() if not m.name.endswith(".cls")]
+            # a key is the image's index in SRC's order, which sorts by name
+            return {sorted(sizes)[int(m.name.split(".")[0])]: (m.name.split(".")[1], tar.extractfile(m).read())
+                    for m in images}
+
+    def original(name):
+        return (src / "train" / "a" / name).read_bytes()
+
+    capped = written("capped", "--max-size", "24")
+    assert {n: ext for n, (ext, _) in capped.items()} == {"wide.png": "jpg", "tall.png": "jpg", "at_cap.png": "png",
+                                                         "small.jpg": "jpg"}
+    for name, size in (("wide.png", (36, 24)), ("tall.png", (24, 38))):  # 30 x 47 -> 24 x 37.6
+        image = Image.open(io.BytesIO(capped[name][1]))
+        assert image.format == "JPEG" and image.size == size and image.mode == "RGB"
+        reference = np.asarray(Image.open(src / "train" / "a" / name).resize(size, Image.Resampling.LANCZOS), float)
+        assert np.abs(np.asarray(image, float) - reference).mean() < 4  # the same picture, up to JPEG's loss
+    assert capped["at_cap.png"][1] == original("at_cap.png") and capped["small.jpg"][1] == original("small.jpg")
+    manifest = json.loads((tmp_path / "capped" / "manifest.json").read_text())
+    assert (manifest["max_size"], manifest["quality"]) == (24, 90)
+
+    lower = written("lower", "--max-size", "24", "--quality", "40")
+    assert len(lower["wide.png"][1]) < len(capped["wide.png"][1]) and lower["at_cap.png"] == capped["at_cap.png"]
+    assert json.loads((tmp_path / "lower" / "manifest.json").read_text())["quality"] == 40
+    uncapped = written("uncapped")
+    assert all(uncapped[n] == (n.split(".")[1], original(n)) for n in sizes)
+    assert json.loads((tmp_path / "uncapped" / "manifest.json").read_text())["max_size"] is None
 
 
 def test_progress_lines_count_the_images_written(src, tmp_path, monkeypatch):
@@ -249,7 +299,9 @@ def test_bad_input_is_one_error_line(src, tmp_path, capsys):
            f"choose an empty DST")
     assert (tmp_path / "mine" / "train" / "notes.md").read_text() == "keep me"
     assert not (tmp_path / "dst").exists()
-    for flag, value, allowed in (("--shard-size", "0", "at least 1"), ("--workers", "0", "at least 1")):
+    for flag, value, allowed in (("--shard-size", "0", "at least 1"), ("--workers", "0", "at least 1"),
+                                 ("--max-size", "0", "at least 1"), ("--quality", "101", "in [1, 100]"),
+                                 ("--quality", "0", "in [1, 100]")):
         code, err = run_main(capsys, src, tmp_path / "dst", *fmt, flag, value)
         assert code == 2 and err.endswith(f"error: argument {flag}: must be {allowed}, got {value}")
     assert not (tmp_path / "dst").exists()
