@@ -291,7 +291,8 @@ def main(argv=None):
     parser.add_argument("--workers", type=int_in(1), default=len(os.sched_getaffinity(0)),
                         help="processes writing shards (default: the CPUs this process may use, %(default)s)")
     parser.add_argument("--overwrite", action="store_true",
-                        help="replace shards in DST written for another source or other settings")
+                        help="replace this script's files in DST when they are of another source, other settings or "
+                             "another writer (files of other names stay an error)")
     args = parser.parse_args(argv)
     try:
         make_shards(args.src, args.dst, args.format, args.shard_size, args.seed, max_size=args.max_size,
