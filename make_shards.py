@@ -2,6 +2,8 @@
 
 SRC holds ImageFolder trees ``train/<class>/<image>`` and ``val/<class>/<image>``. DST gets
 
+    DST/claim.json                       written first: the source and settings DST is being written for, and
+                                         a digest of what each shard must hold
     DST/train/train-00000-of-00004 ...   --format tfrecord: TensorFlow's file names; tf.train.Example
                                          records with features image/encoded, image/class/label
     DST/train/train-000000.tar ...       --format wds: WebDataset tars of <key>.<ext> (the image) +
@@ -11,33 +13,43 @@ SRC holds ImageFolder trees ``train/<class>/<image>`` and ``val/<class>/<image>`
     DST/val/...                          the same for val, labelled by train's class names
     DST/manifest.json                    written last: the set is complete
 
-The shards hold the original encoded files, byte for byte (no re-encode), in an order shuffled
-across classes with ``--seed``: DALI's shard readers shuffle only within a window, so the
-written order is what keeps a batch from holding one class.
+The shards hold the original encoded files, byte for byte, in an order shuffled across classes with
+``--seed``: DALI's shard readers shuffle only within a window, so the written order is what keeps a
+batch from holding one class. With ``--max-size S``, an image whose shorter side exceeds S goes in
+as a JPEG (``--quality``) resized to that shorter side instead: a smaller, lower-resolution copy.
 
     python make_shards.py data/imagenet data/imagenet-tfrecord --format tfrecord
     python make_shards.py data/imagenet data/imagenet-wds --format wds --shard-size 2000 --seed 1
+    python make_shards.py data/imagenet data/imagenet-256 --format wds --max-size 256 --workers 16
     python train_classify.py --data data/imagenet-wds ...
 
-Every file is written under a temporary name and renamed, and the manifest goes first out and
-last in, so a killed run leaves no half-written file under a final name; running the same
-command again rewrites the set completely and removes what a killed run with other settings
-left behind. Bad input prints one ``error:`` line and exits with status 2.
+``--workers`` processes write whole shards at once; the bytes do not depend on how many. Every file
+is written under a temporary name and renamed, so a killed run leaves no half-written file under a
+final name. claim.json, written before any shard, records the settings and a digest of each shard's
+images (files, labels, sizes, modification times): running the same command again keeps every shard
+it vouches for and writes the rest. A DST holding shards of another source or other settings is
+refused unless ``--overwrite``, which replaces them; files of names this script does not write are
+never deleted. Bad input prints one ``error:`` line and exits with status 2.
 """
 
 import argparse
+import functools
+import hashlib
 import io
 import json
+import multiprocessing
 import os
 import random
 import re
 import struct
 import sys
 import tarfile
+from concurrent.futures import ProcessPoolExecutor
 
 import google_crc32c
+from PIL import Image
 
-from pipelines import DataError, atomic_open, atomic_temp_pattern, list_image_folder, shard_index
+from pipelines import DataError, atomic_open, atomic_temp_pattern, list_image_folder, progress, shard_index
 
 SPLITS = ("train", "val")
 
@@ -73,23 +85,57 @@ def masked_crc(data):
     return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
 
 
-def write_tfrecord(f, samples):
+def encoded(path, max_size=None, quality=90):
+    """(bytes, extension) of an image as it goes into a shard: the file itself or, when its shorter side exceeds
+    ``max_size``, a JPEG at ``quality`` resized to that shorter side."""
+    with open(path, "rb") as f:
+        data = f.read()
+    if max_size is not None:
+        try:
+            with Image.open(io.BytesIO(data)) as image:  # reads the header only
+                w, h = image.size
+                if min(w, h) > max_size:
+                    size = (max_size, round(h * max_size / w)) if w <= h else (round(w * max_size / h), max_size)
+                    # reducing_gap: a large shrink starts with a box reduction, faster and, per PIL, no worse
+                    small = image.convert("RGB").resize(size, Image.Resampling.LANCZOS, reducing_gap=3.0)
+                    out = io.BytesIO()
+                    # the EXIF block as it was: DALI's decoder turns an image by its orientation tag
+                    small.save(out, "JPEG", quality=quality, exif=image.info.get("exif", b""))
+                    return out.getvalue(), ".jpg"
+        except (OSError, Image.DecompressionBombError) as e:
+            raise DataError(f"{path}: cannot be decoded to re-encode it for --max-size ({e})") from None
+    return data, os.path.splitext(path)[1].lower()
+
+
+def write_tfrecord(f, samples, max_size=None, quality=90):
     for path, label in samples:
-        with open(path, "rb") as image:
-            data = tf_example(image.read(), label)
+        data = tf_example(encoded(path, max_size, quality)[0], label)
         length = struct.pack("<Q", len(data))
         f.write(length + struct.pack("<I", masked_crc(length)) + data + struct.pack("<I", masked_crc(data)))
 
 
-def write_tar(f, samples, keys):
+def write_tar(f, samples, keys, max_size=None, quality=90):
     # dereference: a symlinked image goes in as the image, not as a link
     with tarfile.open(fileobj=f, mode="w", format=tarfile.GNU_FORMAT, dereference=True) as tar:
         for key, (path, label) in zip(keys, samples):
-            tar.add(path, f"{key}{os.path.splitext(path)[1].lower()}")
+            data, ext = encoded(path, max_size, quality)
+            image = tar.gettarinfo(path, f"{key}{ext}")  # the file's own mode, owner and time
+            image.size = len(data)
+            tar.addfile(image, io.BytesIO(data))
             text = str(label).encode()
             cls = tarfile.TarInfo(f"{key}.cls")
             cls.size = len(text)
             tar.addfile(cls, io.BytesIO(text))
+
+
+def write_shard(path, samples, keys, *, fmt, max_size, quality):
+    """One shard and its index; runs in a worker process."""
+    with atomic_open(path) as f:
+        if fmt == "tfrecord":
+            write_tfrecord(f, samples, max_size, quality)
+        else:
+            write_tar(f, samples, keys, max_size, quality)
+    shard_index(path, fmt)
 
 
 def shard_names(split, count, fmt):
@@ -98,15 +144,14 @@ def shard_names(split, count, fmt):
     return [f"{split}-{k:06d}.tar" for k in range(count)]
 
 
-def our_files(split, fmt):
-    """A pattern of the names this script writes into a split folder: shards, indexes, classes.txt
-    and their temporaries (see pipelines.atomic_open)."""
-    shard = rf"{split}-\d{{5}}-of-\d{{5}}" if fmt == "tfrecord" else rf"{split}-\d{{6}}\.tar"
-    name = rf"(?:{shard}(?:\.idx|\.idx\.json)?|classes\.txt)"
-    return re.compile(rf"{name}|{atomic_temp_pattern(name)}")
+def contents(samples, keys):
+    """A digest of what a shard holds: each sample's file, label and key, and the file's size and modification time."""
+    rows = [(path, label, key, (st := os.stat(path)).st_size, st.st_mtime_ns)
+            for (path, label), key in zip(samples, keys)]
+    return hashlib.sha256(json.dumps(rows).encode()).hexdigest()
 
 
-def check_paths(src, dst, fmt):
+def check_paths(src, dst):
     for split in SPLITS:
         if not os.path.isdir(os.path.join(src, split)):
             raise DataError(f"{src}: expected ImageFolder subfolders train/ and val/ in it (no {split}/)")
@@ -115,53 +160,117 @@ def check_paths(src, dst, fmt):
     real_src, real_dst = os.path.realpath(src), os.path.realpath(dst)
     if real_dst == real_src or any(real_dst.startswith(os.path.join(real_src, s) + os.sep) for s in SPLITS):
         raise DataError(f"{dst}: must not be SRC or inside SRC's train/ or val/")
+
+
+def our_files(dst, fmt):
+    """(final, temporary): the files in DST that this script writes (paths relative to DST) and the temporaries a
+    killed run left (see pipelines.atomic_open). Any other file in DST/train or DST/val is an error."""
+    names = {"": r"(?:claim|manifest)\.json"}
     for split in SPLITS:
-        folder = os.path.join(dst, split)
-        # a rerun may replace what an earlier run of this format wrote, and nothing else
-        other = sorted(n for n in os.listdir(folder) if not our_files(split, fmt).fullmatch(n)) \
-            if os.path.isdir(folder) else []
-        if other:
-            raise DataError(f"{os.path.join(folder, other[0])}: not written by make_shards.py --format {fmt}; "
-                            f"choose an empty DST")
+        shard = rf"{split}-\d{{5}}-of-\d{{5}}" if fmt == "tfrecord" else rf"{split}-\d{{6}}\.tar"
+        names[split] = rf"(?:{shard}(?:\.idx|\.idx\.json)?|classes\.txt)"
+    final, temporary = [], []
+    for folder, name in names.items():
+        path = os.path.join(dst, folder)
+        for n in sorted(os.listdir(path)) if os.path.isdir(path) else []:
+            if re.fullmatch(name, n):
+                final.append(os.path.join(folder, n))
+            elif re.fullmatch(atomic_temp_pattern(name), n):
+                temporary.append(os.path.join(folder, n))
+            elif folder:  # DST itself may hold other things: only train/ and val/ are ours
+                raise DataError(f"{os.path.join(path, n)}: not written by make_shards.py --format {fmt}; "
+                                f"choose an empty DST")
+    return final, temporary
 
 
-def make_shards(src, dst, fmt, shard_size, seed):
+def read_claim(path):
+    try:
+        with open(path) as f:
+            claim = json.load(f)
+        return claim if isinstance(claim, dict) else None
+    except (OSError, ValueError):
+        return None
+
+
+def claim_dst(dst, fmt, settings, digests, overwrite):
+    """Make DST hold only what it may keep, then write its claim (``settings`` and each shard's ``digests``); returns
+    the shards kept (paths relative to DST). A file under a final name is complete (atomic_open), and a claim is
+    written only into a DST whose files are all written for it; so a shard stays where DST's claim is of the same
+    settings and records the same digest for it."""
+    final, temporary = our_files(dst, fmt)
+    old = read_claim(os.path.join(dst, "claim.json"))
+    same = old is not None and all(old.get(k) == v for k, v in settings.items())
+    if final and not same and not overwrite:
+        why = ", ".join(f"{k} {old.get(k)!r}, not {v!r}" for k, v in settings.items() if old.get(k) != v) if old \
+            else f"{final[0]}, with no claim.json"
+        raise DataError(f"{dst}: holds shards not written for this source and these settings ({why}); pass "
+                        f"--overwrite to replace them")
+    keep = {s for s in final if same and s in digests and old.get("shards", {}).get(s) == digests[s]}
+    if "manifest.json" in final:
+        os.remove(os.path.join(dst, "manifest.json"))  # first: until this run ends, DST is not a complete set
+    for name in set(final + temporary) - keep - {s + ".idx" for s in keep} - {s + ".idx.json" for s in keep} \
+            - {"claim.json", "manifest.json"}:
+        os.remove(os.path.join(dst, name))
+    os.makedirs(dst, exist_ok=True)
+    with atomic_open(os.path.join(dst, "claim.json"), "w") as f:
+        json.dump({**settings, "shards": digests}, f, indent=1)
+    return keep
+
+
+def make_shards(src, dst, fmt, shard_size, seed, *, max_size=None, quality=90, workers=1, overwrite=False):
     """Write the shards, indexes and class lists of both splits, then the manifest; returns the manifest."""
-    check_paths(src, dst, fmt)
+    check_paths(src, dst)
+    src = os.path.abspath(src)
     train_files, train_labels, classes = list_image_folder(os.path.join(src, "train"))
     # val is labelled by train's class names: a val class that train lacks is an error
     val_files, val_labels, _ = list_image_folder(os.path.join(src, "val"), classes)
-    manifest_path = os.path.join(dst, "manifest.json")
-    if os.path.exists(manifest_path):
-        os.remove(manifest_path)  # until this run ends, DST is not a complete set
-    manifest = {"source": os.path.abspath(src), "format": fmt, "shard_size": shard_size, "seed": seed, "splits": {}}
+    settings = {"source": src, "format": fmt, "shard_size": shard_size, "seed": seed, "max_size": max_size,
+                "quality": quality}
+    manifest, shards = {**settings, "splits": {}, "classes": classes}, {}
     for split, files, labels in (("train", train_files, train_labels), ("val", val_files, val_labels)):
-        folder = os.path.join(dst, split)
-        os.makedirs(folder, exist_ok=True)
         order = list(range(len(files)))
         random.Random(f"{seed}-{split}").shuffle(order)
         parts = [order[k:k + shard_size] for k in range(0, len(order), shard_size)]
         names = shard_names(split, len(parts), fmt)
-        for name, part in zip(names, parts):
-            path = os.path.join(folder, name)
-            samples = [(files[i], labels[i]) for i in part]
-            with atomic_open(path) as f:
-                if fmt == "tfrecord":
-                    write_tfrecord(f, samples)
-                else:
-                    write_tar(f, samples, [f"{i:08d}" for i in part])  # key: the image's index in SRC's order
-            shard_index(path, fmt)
-        with atomic_open(os.path.join(folder, "classes.txt"), "w") as f:
-            f.write("".join(f"{c}\n" for c in classes))
-        keep = set(names) | {n + ".idx" for n in names} | {n + ".idx.json" for n in names} | {"classes.txt"}
-        for name in set(os.listdir(folder)) - keep:  # a killed run's temporaries, shards of other settings
-            os.remove(os.path.join(folder, name))
         manifest["splits"][split] = {"samples": len(files), "shards": names}
-        print(f"{folder}: {len(files)} images in {len(names)} {fmt} shards")
-    manifest["classes"] = classes
-    with atomic_open(manifest_path, "w") as f:
+        for name, part in zip(names, parts):  # key: the image's index in SRC's order
+            shards[os.path.join(split, name)] = [(files[i], labels[i]) for i in part], [f"{i:08d}" for i in part]
+    keep = claim_dst(dst, fmt, settings, {s: contents(*shards[s]) for s in shards}, overwrite)
+
+    write = functools.partial(write_shard, fmt=fmt, max_size=max_size, quality=quality)
+    # fork: workers start at once, without importing torch and DALI again (DALI runs on Linux only)
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:
+        for split in SPLITS:
+            folder = os.path.join(dst, split)
+            os.makedirs(folder, exist_ok=True)
+            mine = [s for s in shards if s.startswith(split + os.sep)]
+            kept = [os.path.join(dst, s) for s in mine if s in keep]
+            list(pool.map(shard_index, kept, [fmt] * len(kept)))  # each index reused, or built again if stale
+            todo = [s for s in mine if s not in keep]
+            done = pool.map(write, [os.path.join(dst, s) for s in todo], [shards[s][0] for s in todo],
+                            [shards[s][1] for s in todo])
+            images = (key for s, _ in zip(todo, done) for key in shards[s][1])  # a shard's images once it is done
+            for _ in progress(images, sum(len(shards[s][1]) for s in todo), f"{folder}: images written"):
+                pass
+            with atomic_open(os.path.join(folder, "classes.txt"), "w") as f:
+                f.write("".join(f"{c}\n" for c in classes))
+            print(f"{folder}: {manifest['splits'][split]['samples']} images in {len(mine)} {fmt} shards"
+                  + (f" ({len(kept)} kept from an earlier run)" if kept else ""))
+    with atomic_open(os.path.join(dst, "manifest.json"), "w") as f:
         json.dump(manifest, f, indent=1)
     return manifest
+
+
+def int_in(low, high=None):
+    """An argparse type: an int of at least ``low`` (and at most ``high``), else an error that says so."""
+    def parse(text):
+        value = int(text)  # a ValueError is argparse's "invalid int value: 'x'"
+        if value < low or high is not None and value > high:
+            raise argparse.ArgumentTypeError(f"must be {f'in [{low}, {high}]' if high else f'at least {low}'}, "
+                                             f"got {text}")
+        return value
+    parse.__name__ = "int"
+    return parse
 
 
 def main(argv=None):
@@ -172,13 +281,22 @@ def main(argv=None):
     parser.add_argument("dst", metavar="DST", help="output root: DST/train/, DST/val/ and DST/manifest.json")
     parser.add_argument("--format", required=True, choices=["tfrecord", "wds"],
                         help="tfrecord: TensorFlow's tf.train.Example files; wds: WebDataset tars")
-    parser.add_argument("--shard-size", type=int, default=1024, help="images per shard (default: %(default)s)")
+    parser.add_argument("--shard-size", type=int_in(1), default=1024, help="images per shard (default: %(default)s)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the write-time shuffle (default: %(default)s)")
+    parser.add_argument("--max-size", type=int_in(1), metavar="S",
+                        help="re-encode images whose shorter side exceeds S as JPEGs of shorter side S (default: "
+                             "none, every image copied byte for byte)")
+    parser.add_argument("--quality", type=int_in(1, 100), default=90,
+                        help="JPEG quality of the images --max-size re-encodes (default: %(default)s)")
+    parser.add_argument("--workers", type=int_in(1), default=len(os.sched_getaffinity(0)),
+                        help="processes writing shards (default: the CPUs this process may use, %(default)s)")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace this script's files in DST when they are of another source, other settings or "
+                             "another writer (files of other names stay an error)")
     args = parser.parse_args(argv)
-    if args.shard_size < 1:
-        parser.error(f"--shard-size must be at least 1, got {args.shard_size}")
     try:
-        make_shards(args.src, args.dst, args.format, args.shard_size, args.seed)
+        make_shards(args.src, args.dst, args.format, args.shard_size, args.seed, max_size=args.max_size,
+                    quality=args.quality, workers=args.workers, overwrite=args.overwrite)
     except (DataError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
