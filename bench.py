@@ -374,7 +374,7 @@ def shard_sets(args):
                 if not os.path.lexists(os.path.join(src, split)):
                     os.symlink(os.path.abspath(args.data_dir), os.path.join(src, split))
             log(f"writing the JPEGs as {fmt} shards into {dst}")
-            make_shards(src, dst, fmt, shard_size=1024, seed=SEED)
+            make_shards(src, dst, fmt, shard_size=1024, seed=SEED, workers=args.workers, overwrite=True)  # bench's own cache
         out[fmt] = os.path.join(dst, "train")
     return out
 
