@@ -1,4 +1,4 @@
-# Ran at the commit named in results/README.md#cpu2-2026-12-01. Times what train_classify.save_checkpoint writes
+# Ran at f5a5f3d (results/README.md#cpu2-2026-12-01). Times what train_classify.save_checkpoint writes
 # for ResNet-50 (model, SGD momentum, schedule, optionally the EMA copy): torch.save to a temporary file, fsync'd
 # or not, then os.replace, the way the trainer saves. Imports nothing of the project.
 import os, statistics, sys, tempfile, time
