@@ -36,8 +36,11 @@ import multiprocessing
 import os
 import platform
 import random
+import resource
 import shlex
+import subprocess
 import sys
+import tempfile
 import time
 import traceback
 from contextlib import contextmanager
@@ -71,6 +74,7 @@ from pipelines import (
     decoded_size,
     fetch_dali_loader,
     list_image_folder,
+    progress,
     segment_iterator,
 )
 
@@ -162,6 +166,11 @@ def parse_args(argv=None):
     p.add_argument("--seg-startup", metavar="N", type=int,
                    help="only time building a segmentation pipeline over N pairs of tiny .npy files (written once "
                         "under --cache-dir) with a warm page cache: the header checks, the pipeline, its first batch")
+    p.add_argument("--startup", metavar="N", type=int,
+                   help="only time train_classify.py from the command to its first training step (and its peak "
+                        "memory) on an ImageFolder tree of N training images in 1000 classes and N / 25.6 val images "
+                        "(ImageNet: 1281167), made once under --cache-dir of hardlinks to the JPEG set; first of "
+                        "--models, --batch-size, --workers DALI threads")
     p.add_argument("--quick", action="store_true",
                    help="smoke test: 64 JPEGs, 16 pairs of 128x128 .npy, a few small batches; seconds on 2 CPU "
                         "cores (with a GPU it runs the GPU sections too, as small)")
@@ -685,6 +694,59 @@ def seg_startup(args):
         del pipe
 
 
+def startup_tree(args):
+    """An ImageNet-shaped ImageFolder root of hardlinks to the JPEG set: --startup train images, 1000 classes."""
+    sources = [jpeg_path(args.data_dir, i) for i in range(args.num_images)]
+    counts = {"train": args.startup, "val": max(1000, round(args.startup * 50000 / 1281167))}
+    root = os.path.join(args.cache_dir, "bench-startup", f"n{args.startup}-from-{args.num_images}")
+    if not os.path.exists(os.path.join(root, "complete.json")):
+        for split, n in counts.items():
+            for c in range(1000):
+                os.makedirs(os.path.join(root, split, f"n{c:08d}"), exist_ok=True)
+            for i in progress(range(n), n, f"{root}: {split} links made"):
+                link = os.path.join(root, split, f"n{i % 1000:08d}", f"{split}_{i:08d}.JPEG")
+                if not os.path.exists(link):
+                    os.link(sources[i % len(sources)], link)
+        with atomic_open(os.path.join(root, "complete.json"), "w") as f:
+            json.dump(counts, f)
+    return root, counts
+
+
+def startup(args):
+    """Seconds from ``python train_classify.py`` to its first training step, with the time to each of its first
+    log lines, and its peak memory; the imports alone timed apart."""
+    args.data_dir, _ = jpeg_set(args)
+    root, counts = startup_tree(args)
+    start = time.perf_counter()
+    subprocess.run([sys.executable, "-c", "import torch, torchvision, nvidia.dali, pipelines"], check=True)
+    imports = time.perf_counter() - start
+    with tempfile.TemporaryDirectory() as out:
+        cmd = [sys.executable, "train_classify.py", "--data", root, "--arch", args.models.split(",")[0],
+               "-b", str(args.batch_size), "-j", str(args.workers), "--epochs", "1", "--print-freq", "1",
+               "--output-dir", out] + ([] if args.gpu else ["--dali-device", "cpu"])
+        log(f"startup: {' '.join(cmd)} ({counts['train']} train and {counts['val']} val images; imports alone "
+            f"{imports:.1f} s)")
+        start = time.perf_counter()
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
+                                cwd=os.path.dirname(os.path.abspath(__file__)))
+        phases = []
+        for line in proc.stdout:
+            phases.append((round(time.perf_counter() - start, 2), line.rstrip()))
+            log(f"  {phases[-1][0]:7.2f} s  {line.rstrip()}")
+            if line.startswith("Epoch: [1/"):
+                break
+        proc.kill()
+        proc.wait()
+    if not phases or not phases[-1][1].startswith("Epoch: [1/"):
+        sys.exit(f"error: train_classify.py ended before its first step: {phases[-1][1] if phases else ''}")
+    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2 ** 20  # KiB on Linux
+    report = dict(meta=meta(args), startup=dict(
+        command=cmd[1:], train_images=counts["train"], val_images=counts["val"], imports_s=round(imports, 2),
+        first_step_s=phases[-1][0], lines=phases, peak_memory_gb=round(peak, 2)))
+    log(f"first training step after {phases[-1][0]:.1f} s; peak memory {peak:.2f} GB")
+    save(report, args.json)
+
+
 def ddp_bench(args):
     """``torchrun --nproc_per_node=N bench.py --ddp``: training img/s of each model on one GPU and on N GPUs
     (DDP), fed by DALI (each process its own shard, its own share of the CPU cores) and by a synthetic
@@ -872,6 +934,9 @@ def main():
     args = parse_args()
     if args.seg_startup:
         return seg_startup(args)
+    if args.startup:
+        args.gpu = torch.cuda.is_available()
+        return startup(args)
     if args.ddp:
         if not torch.cuda.is_available() or "RANK" not in os.environ:
             sys.exit("error: --ddp: run it under torchrun on a machine with CUDA GPUs, e.g. "

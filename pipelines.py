@@ -210,9 +210,9 @@ class ClassifyValPipeline(_ClassifyPipeline):
 def classify_iterator(pipe):
     """One pass over the pipeline's shard per epoch: ``batch[0]["data"]``, ``batch[0]["label"]``.
 
-    Training batches are always full: the reader pads its shard with repeats of the shard's last sample, so
-    every rank runs the same number of full batches, never one of a single sample (BatchNorm needs more), and
-    trains on a few real samples twice. Validation batches drop the padding: every sample is seen exactly once.
+    Training batches are always full: the reader pads its shard with a few distinct samples of its own, repeated,
+    so every rank runs the same number of full batches, never one of a single sample (BatchNorm needs more), and
+    trains on those few samples twice. Validation batches drop the padding: every sample is seen exactly once.
     """
     return DALIClassificationIterator(pipe, reader_name="Reader", last_batch_policy=pipe.last_batch_policy,
                                       auto_reset=True)
@@ -499,6 +499,17 @@ def progress(items, total, what, every=PROGRESS_EVERY, out=None):
         print(f"{what}: {done:,} done in {time.perf_counter() - start:.0f} s", file=out or sys.stderr, flush=True)
 
 
+def alongside(items, extra):
+    """``items``, passed through, taking one item of ``extra`` after each, and the rest of it after the last: work
+    done beside a loop, a step at a time, that the loop's first item does not wait for."""
+    extra = iter(extra)
+    for item in items:
+        yield item
+        next(extra, None)
+    for _ in extra:
+        pass
+
+
 def unchanged(data):
     """The identity: stands in for an operator a pipeline does not need (a cast to the type data already has)."""
     return data
@@ -643,7 +654,8 @@ class ClassifyReader:
         else:
             self.files = shard_files(data_dir, self.layout)
             check_manifest(data_dir, self.files)
-            indexes, summaries = zip(*(shard_index(shard, self.layout) for shard in self.files))
+            indexes, summaries = zip(*progress((shard_index(shard, self.layout) for shard in self.files),
+                                               len(self.files), f"{data_dir}: shards indexed"))
             self.num_samples = sum(s["samples"] for s in summaries)
             if extra := extra_samples(self.num_samples, num_shards, batch_size, shuffle):
                 indexes = padded_indexes(indexes, self.layout, extra)

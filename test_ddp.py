@@ -109,7 +109,7 @@ def test_two_processes_train_on_real_samples_and_validate_each_once(tmp_path):
     # BatchNorm statistics moved once per training step, each a full batch of real images
     assert bn_updates == [2 * steps, 2 * steps]
 
-    # validation: a decode check before training, then once per epoch; together the ranks see each image once
+    # validation: a pass beside the first epoch's steps, then once per epoch; together the ranks see each image once
     assert len(ranks[0]["val"]) == len(ranks[1]["val"]) == 3
     for k in range(3):
         ids = [sum(ranks[r]["val"][k], []) for r in range(2)]
@@ -117,6 +117,41 @@ def test_two_processes_train_on_real_samples_and_validate_each_once(tmp_path):
         assert sorted(ids[0] + ids[1]) == [10 * (i + 1) for i in range(N_VAL)], ids
     with open(tmp_path / "out" / "metrics.jsonl") as f:
         assert [r["epoch"] for r in map(json.loads, f) if r["type"] == "epoch"] == [1, 2]
+
+
+# Runs train_classify.py, unchanged, noting each shard that a process scans to build its index.
+INDEX_SPY = """
+import os, runpy, sys
+sys.path.insert(0, {here!r})
+import pipelines
+scan = pipelines._scan_shard
+
+def spy_scan(shard, layout):
+    with open({log!r}, "a") as f:
+        f.write(f"{{os.environ['LOCAL_RANK']}} {{os.path.basename(shard)}}\\n")
+    return scan(shard, layout)
+
+pipelines._scan_shard = spy_scan
+sys.argv = [os.path.join({here!r}, "train_classify.py")] + sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def test_one_process_per_node_indexes_the_shards(tmp_path):
+    from make_shards import make_shards
+    make_data(tmp_path / "png")
+    make_shards(str(tmp_path / "png"), str(tmp_path / "data"), "wds", 4, 0)
+    shards = sorted(f for split in ("train", "val") for f in os.listdir(tmp_path / "data" / split) if f.endswith(".tar"))
+    for split in ("train", "val"):
+        for f in os.listdir(tmp_path / "data" / split):
+            if ".idx" in f:
+                os.remove(tmp_path / "data" / split / f)
+    script = tmp_path / "spy.py"
+    script.write_text(INDEX_SPY.format(here=HERE, log=str(tmp_path / "scans.log")))
+    proc = torchrun(tmp_path, "--epochs", "1", port=29524, script=str(script))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    scans = (tmp_path / "scans.log").read_text().split("\n")[:-1]
+    assert sorted(scans) == sorted(f"0 {shard}" for shard in shards)  # each shard once, by local rank 0
 
 
 def test_a_failing_rank_ends_the_job_with_its_error_line(tmp_path):

@@ -1,6 +1,7 @@
 """Tests of pipelines.py on tiny data built in tmp_path. CPU-only DALI everywhere; the GPU tests at
 the end run where a CUDA device is visible (see README: they were run on an H200)."""
 
+import functools
 import io
 import json
 import os
@@ -456,6 +457,19 @@ def test_missing_index_is_built_beside_the_shard(split_root, fmt):
         (dst / "train" / name).unlink()
     assert epoch_pairs(ClassifyValPipeline(4, 1, None, str(dst / "train"), crop_size=16)) == expected_pairs("train")
     assert index_files(dst / "train") == written
+
+
+def test_index_builds_print_progress_per_shard(split_root, monkeypatch):
+    dst = to_shards(split_root, "wds")
+    for name in index_files(dst / "train"):
+        (dst / "train" / name).unlink()
+    out = io.StringIO()
+    monkeypatch.setattr(pipelines, "progress", functools.partial(pipelines.progress, every=0, out=out))
+    ClassifyValPipeline(4, 1, None, str(dst / "train"), crop_size=16)
+    lines = out.getvalue().splitlines()
+    assert [line.split(", ")[0] for line in lines[:3]] == [f"{dst / 'train'}: shards indexed: {k}/3 ({100 * k / 3:.0f} %)"
+                                                         for k in (1, 2, 3)]
+    assert lines[3].startswith(f"{dst / 'train'}: shards indexed: 3 done in ") and len(lines) == 4
 
 
 def test_index_of_a_read_only_folder_goes_to_the_cache(split_root, tmp_path, monkeypatch):

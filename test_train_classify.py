@@ -527,13 +527,15 @@ def test_error_undecodable_training_image(tmp_path, content):
     assert_one_line_error(tiny_run(root, str(tmp_path / "o"), check=False), bad, "cannot decode")
 
 
-def test_error_undecodable_val_image_stops_before_training(tmp_path):
+def test_error_undecodable_val_image_stops_in_the_first_steps(tmp_path):
+    # the first epoch reads a validation batch after each step: 5.png is in val batch 2 (batch 4, unshuffled)
     root = tiny_imagefolder(str(tmp_path / "d"), per_class=8)
     bad = os.path.join(root, "val", "a", "5.png")
     corrupt(bad, b"\x89PNG\r\n\x1a\n broken")
     out = str(tmp_path / "o")
     assert_one_line_error(tiny_run(root, out, check=False), bad, "cannot decode")
-    assert records(out, "train") == [] and not os.path.exists(os.path.join(out, "checkpoint.pth"))
+    assert [r["step"] for r in records(out, "train")] == [1, 2] and records(out, "epoch") == []
+    assert not os.path.exists(os.path.join(out, "checkpoint.pth"))
 
 
 def test_last_batch_is_never_a_single_sample(tmp_path):

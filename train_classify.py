@@ -32,8 +32,8 @@ import torch.distributed as dist
 import torchvision
 from torchvision.transforms import v2
 
-from pipelines import (DEFAULT_HW_DECODER_LOAD, ClassifyTrainPipeline, ClassifyValPipeline, DataError, atomic_open,
-                       classify_iterator, decode_errors_named, make_demo_images, plan_decoder_cache)
+from pipelines import (DEFAULT_HW_DECODER_LOAD, ClassifyTrainPipeline, ClassifyValPipeline, DataError, alongside,
+                       atomic_open, classify_iterator, decode_errors_named, make_demo_images, plan_decoder_cache)
 
 RUNS_DIR = "runs/classify"
 # --data demo: a small, quick run; flags given on the command line still win.
@@ -189,9 +189,8 @@ def train_one_epoch(model, criterion, optimizer, scheduler, scaler, batches, epo
     world_size = dist.get_world_size() if dist.is_initialized() else 1
     loss_sum, first_bad = torch.full((), loss_sum, device=device), torch.zeros((), dtype=torch.long, device=device)
     window_loss, window_images, window_steps = torch.zeros((), device=device), 0, 0
-    # Data wait: on the CPU, the wall time blocked in next(). On a GPU the CPU runs ahead, so time blocked in
-    # next() also covers waiting for the GPU itself; there two CUDA events per step time the gap on the GPU
-    # between the end of one step and the start of the next, read at the logging sync point.
+    # Data wait: on the CPU, the time blocked in next(). On a GPU, where the CPU runs ahead, two CUDA events per step
+    # time the gap between one step's end and the next one's start, read at the logging sync point.
     cpu_wait, gaps, step_end = 0.0, [], None
     epoch_start = window_start = fetch_start = time.perf_counter()
     for step, (images, targets) in enumerate(batches, first_step + 1):
@@ -295,8 +294,6 @@ def main(args):
         log({"type": "eval", **metrics, "ema": model_ema is not None},
             f"Test{' (EMA)' if model_ema is not None else ''}: {describe(metrics)}")
         return
-    for _ in data.val_batches():  # decode the validation set once now, so a bad file costs seconds, not an epoch
-        pass
     stop = StopSignals(ddp)  # from here on SIGTERM, SIGINT and SIGUSR1 stop the run at a step, its checkpoint saved
 
     def save(epoch, step, is_best=False, loss_sum=0.0):
@@ -305,7 +302,9 @@ def main(args):
 
     for epoch in range(start_epoch, args.epochs + 1):
         start = time.perf_counter()
-        train_loss = train_one_epoch(model, criterion, optimizer, scheduler, scaler, data.train_batches(first_step),
+        # The first epoch reads validation too, a batch a step: a bad file shows at once, yet step 1 waits for none.
+        batches = alongside(data.train_batches(first_step), data.val_batches() if epoch == start_epoch else ())
+        train_loss = train_one_epoch(model, criterion, optimizer, scheduler, scaler, batches,
                                      epoch, first_step, data.steps, args, device, log, model_ema, mixup_cutmix,
                                      lambda step, loss_sum: save(epoch, step, loss_sum=loss_sum), stop, loss_sum)
         first_step, loss_sum = 0, 0.0
@@ -489,7 +488,11 @@ def build_data(args, ddp, ckpt, log):
                                           crop_size=args.val_crop_size, resize_size=args.val_resize_size,
                                           decoder_cache=cache, **pipeline_args), classes
 
+    if ddp.active and ddp.local_rank > 0:
+        dist.barrier()  # local rank 0 indexes the node's new shards first; the others then find the indexes made
     train_pipe, val_pipe, classes = pipelines()
+    if ddp.active and ddp.local_rank == 0:
+        dist.barrier()
     cache, why = (ckpt.get("decoder_cache"), None) if dali_state else plan_decoder_cache(args.decoder_cache,
                                                                                          (train_pipe, val_pipe))
     if why:

@@ -31,8 +31,8 @@ import torch.distributed as dist
 import torchvision
 from torch import nn
 
-from pipelines import (DataError, atomic_open, fetch_dali_loader, first_mask_above, read_split, save_overlay,
-                       segment_iterator)
+from pipelines import (DataError, alongside, atomic_open, fetch_dali_loader, first_mask_above, read_split,
+                       save_overlay, segment_iterator)
 
 RUNS_DIR = "runs/segment"
 # --data demo: a small, quick run; flags given on the command line still win.
@@ -215,9 +215,8 @@ def train_one_epoch(model, criterion, optimizer, scheduler, scaler, batches, epo
     world_size = dist.get_world_size() if dist.is_initialized() else 1
     loss_sum, first_bad = torch.full((), loss_sum, device=device), torch.zeros((), dtype=torch.long, device=device)
     window_loss, window_images, window_steps = torch.zeros((), device=device), 0, 0
-    # Data wait: on the CPU, the wall time blocked in next(). On a GPU the CPU runs ahead, so time blocked in
-    # next() also covers waiting for the GPU itself; there two CUDA events per step time the gap on the GPU
-    # between the end of one step and the start of the next, read at the logging sync point.
+    # Data wait: on the CPU, the time blocked in next(). On a GPU, where the CPU runs ahead, two CUDA events per step
+    # time the gap between one step's end and the next one's start, read at the logging sync point.
     cpu_wait, gaps, step_end = 0.0, [], None
     epoch_start = window_start = fetch_start = time.perf_counter()
     for step, (images, targets) in enumerate(batches, first_step + 1):
@@ -327,8 +326,6 @@ def main(args):
         log({"type": "eval", **metrics, "ema": model_ema is not None},
             f"Test{' (EMA)' if model_ema is not None else ''}: {describe(metrics)}")
         return
-    for _ in data.val_batches():  # read the validation set once now, so a bad file costs seconds, not an epoch
-        pass
     stop = StopSignals(ddp)  # from here on SIGTERM, SIGINT and SIGUSR1 stop the run at a step, its checkpoint saved
 
     def save(epoch, step, is_best=False, loss_sum=0.0):
@@ -337,7 +334,9 @@ def main(args):
 
     for epoch in range(start_epoch, args.epochs + 1):
         start = time.perf_counter()
-        train_loss = train_one_epoch(model, criterion, optimizer, scheduler, scaler, data.train_batches(first_step),
+        # The first epoch reads validation too, a batch a step: a bad file shows at once, yet step 1 waits for none.
+        batches = alongside(data.train_batches(first_step), data.val_batches() if epoch == start_epoch else ())
+        train_loss = train_one_epoch(model, criterion, optimizer, scheduler, scaler, batches,
                                      epoch, first_step, data.steps, args, device, log, model_ema,
                                      lambda step, loss_sum: save(epoch, step, loss_sum=loss_sum), stop, loss_sum)
         first_step, loss_sum = 0, 0.0
