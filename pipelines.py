@@ -21,6 +21,7 @@ offending path before DALI builds anything.
 """
 
 import atexit
+import colorsys
 import contextlib
 import csv
 import functools
@@ -33,17 +34,20 @@ import os
 import random
 import re
 import shutil
+import signal
 import struct
 import sys
 import tarfile
 import tempfile
 import time
+import traceback
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
-from PIL import Image
-from torchvision.utils import draw_segmentation_masks, make_grid, save_image
+import torch.distributed as dist
+from PIL import Image, ImageDraw
+from torchvision.utils import draw_segmentation_masks, make_grid
 from nvidia.dali import math as dmath
 from nvidia.dali import ops, tfrecord, types
 from nvidia.dali.pipeline import OperatorConcurrency, Pipeline
@@ -1222,19 +1226,40 @@ def check_segmentation_files(imgs, lbls):
 
 # segmentation overlays -----------------------------------------------------------------------------------
 
-def save_overlay(path, images, masks, preds, num_classes):
-    """A PNG of a segmentation batch: a row per image (any normalization, 1 or 3 channels), its ground truth
-    ``masks`` drawn on it, then the predictions ``preds``, both (B, H, W) class indices."""
+def save_overlay(path, images, masks, preds, num_classes, line=16):
+    """A PNG of a segmentation batch: a row per image (any normalization, 1 or 3 channels), in three columns: the
+    image, its ground truth ``masks`` drawn on it, its predictions ``preds`` drawn on it ((B, H, W) class indices);
+    each foreground class in a colour of its own, the same in both, a title over each column, a legend below."""
     # Each image stretched to 0..255 on its own: right for any normalization and channel count.
     low, high = images.amin(dim=(1, 2, 3), keepdim=True), images.amax(dim=(1, 2, 3), keepdim=True)
     images = (255 * (images - low) / (high - low).clamp(min=1e-6)).to(torch.uint8).expand(-1, 3, -1, -1).cpu()
-    classes = torch.arange(1, max(2, num_classes))[:, None, None]  # foreground classes; background stays bare
-    palette = ["#00ff00", "#ff00ff", "#00ffff", "#ffff00", "#ff8000", "#0080ff"]
-    colors = [palette[i % len(palette)] for i in range(len(classes))]
-    tiles = [draw_segmentation_masks(image, labels[None] == classes, alpha=0.45, colors=colors)
-             for image, mask, pred in zip(images, masks.cpu(), preds.cpu()) for labels in (mask, pred)]
+    classes = list(range(1, max(2, num_classes)))  # foreground classes; background stays bare
+    colors = [tuple(round(255 * c) for c in colorsys.hsv_to_rgb((1 / 3 + k / len(classes)) % 1, 1, 1))
+              for k in range(len(classes))]  # green first, then hues evenly apart
+    shown = torch.tensor(classes)[:, None, None]
+    tiles = [tile for image, mask, pred in zip(images, masks.cpu(), preds.cpu()) for tile in
+             (image, *(draw_segmentation_masks(image, labels[None] == shown, alpha=0.45, colors=colors)
+                       for labels in (mask, pred)))]
+    grid = Image.fromarray(make_grid(tiles, nrow=3, padding=4).permute(1, 2, 0).numpy())
+    draw, step = ImageDraw.Draw(grid), images.shape[-1] + 4
+    names, places, x, y = [f"class {k}" for k in classes], [], 4, 0
+    for name in names:  # the legend's entries, in as many lines as the width needs
+        width = 14 + round(draw.textlength(name)) + 12
+        x, y = (4, y + 1) if x + width > grid.width and x > 4 else (x, y)
+        places.append((x, y))
+        x += width
+    canvas = Image.new("RGB", (grid.width, grid.height + line * (y + 2)))
+    canvas.paste(grid, (0, line))
+    draw = ImageDraw.Draw(canvas)
+    titles = ("image", "ground truth", "prediction")
+    for column, title in enumerate(titles if draw.textlength(titles[1]) < step - 4 else ("image", "truth", "pred")):
+        draw.text((4 + column * step, 3), title, fill="white")
+    for name, color, (x, y) in zip(names, colors, places):
+        top = line + grid.height + y * line + 3
+        draw.rectangle([x, top, x + 9, top + 9], fill=color)
+        draw.text((x + 14, top - 1), name, fill="white")
     with atomic_open(path) as f:
-        save_image(make_grid(tiles, nrow=2, padding=4).float() / 255, f, format="png")
+        canvas.save(f, format="png")
 
 
 # the built-in classification demo set (train_classify.py --data demo) -----------------------------------
@@ -1281,3 +1306,61 @@ def make_demo_images(root, train_per_class=120, val_per_class=30, seed=0):
             if not os.path.isdir(root):
                 raise
     return root
+
+
+# ------------------------------------------------------------------------------------------
+# training runs: preemption and how a run ends, shared by both trainers
+# ------------------------------------------------------------------------------------------
+
+
+class StopSignals:
+    """SIGTERM (SLURM's and Kubernetes' preemption), SIGINT (Ctrl-C) and SIGUSR1 (SLURM's warning) stop the run at the
+    next step; a second Ctrl-C at once. ``requested()``, called by every process at the same points, gives them all
+    the largest signal any caught, over a gloo (CPU) group, sent at one step and read at the next: no step waits."""
+
+    def __init__(self, ddp):
+        self.signum, self.pending = 0, None
+        self.group = dist.new_group(backend="gloo") if ddp.active else None
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
+            signal.signal(signum, self.catch)
+
+    def catch(self, signum, frame):
+        if signum == self.signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.signum = self.signum or signum
+
+    def requested(self):
+        if self.group is None:
+            return self.signum
+        agreed = self.pending[1].item() if self.pending and self.pending[0].wait() else 0
+        flag = torch.tensor([self.signum])
+        self.pending = (dist.all_reduce(flag, dist.ReduceOp.MAX, group=self.group, async_op=True), flag)
+        return agreed
+
+    @staticmethod
+    def exit(signum, path, epoch, step):  # after the stop's checkpoint: one line, the status of the signal's end
+        if path:  # the main process's
+            print(f"stopped by {signal.Signals(signum).name} at epoch {epoch} step {step}: saved {path}; to continue, "
+                  f"run the same command with --resume {path}", file=sys.stderr, flush=True)
+        sys.exit(128 + signum)
+
+
+def run_main(main, args, usage_error):
+    """``main(args)``, ended as a training script ends: a ``usage_error`` or ``DataError`` as one ``error:`` line and
+    exit status 2, Ctrl-C as one line and 130, anything else as its traceback and 1; the process group destroyed."""
+    try:
+        main(args)
+    except (Exception, KeyboardInterrupt) as e:
+        status = 2 if isinstance(e, (usage_error, DataError)) else 130 if isinstance(e, KeyboardInterrupt) else 1
+        alone = not (dist.is_initialized() and dist.get_world_size() > 1)
+        if status == 1 and alone:
+            raise
+        print(f"error: {e}" if status == 2 else "interrupted: nothing saved since the last checkpoint" if status == 130
+              else traceback.format_exc(), file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        # Other processes may wait for this one in a collective, where NCCL's graceful destroy_process_group() would
+        # wait forever: end at once, and torchrun stops the others with this error.
+        sys.exit(status) if alone else os._exit(status)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()

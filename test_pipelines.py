@@ -1394,3 +1394,28 @@ def test_gpu_cached_validation_sees_every_sample_once_per_epoch_on_two_shards(so
     for _ in range(3):  # the first epoch fills the caches; each shard keeps its own samples
         seen = [sample for it in loaders for batch in it for sample in identities(batch[0]["data"])]
         assert sorted(seen) == EVERYTHING
+
+
+def test_overlay_shows_image_truth_and_prediction_in_class_colours_with_titles_and_legend(tmp_path):
+    images = torch.stack([torch.linspace(-1, 1, 32 * 32).view(1, 32, 32).expand(3, -1, -1)] * 2)  # two ramps
+    masks, preds = torch.zeros(2, 32, 32, dtype=torch.long), torch.zeros(2, 32, 32, dtype=torch.long)
+    masks[:, :16], preds[:, :, 16:] = 1, 2  # truth: class 1 on top; prediction: class 2 on the right
+    pipelines.save_overlay(str(tmp_path / "o.png"), images, masks, preds, num_classes=3)
+    with Image.open(tmp_path / "o.png") as im:
+        canvas = np.asarray(im.convert("RGB")).astype(int)
+    # 3 columns of 32 px and 4 px padding; a 16 px title line; 2 rows; a legend of two lines (it needs more width)
+    assert canvas.shape == (16 + 2 * 36 + 4 + 2 * 16, 3 * 36 + 4, 3)
+    tile = lambda row, col: canvas[16 + 4 + 36 * row:16 + 36 + 36 * row, 4 + 36 * col:36 + 36 * col]
+    plain = np.asarray(255 * (images[0, 0] + 1) / 2).astype(np.uint8).astype(int)  # each image stretched to 0..255
+    green, magenta = np.array([0, 255, 0]), np.array([255, 0, 255])  # class 1, class 2: the same in both columns
+    for row in (0, 1):
+        assert np.abs(tile(row, 0) - plain[..., None]).max() <= 1  # the image, bare
+        truth, pred = tile(row, 1), tile(row, 2)
+        assert np.abs(truth[:16] - (0.55 * plain[:16, :, None] + 0.45 * green)).max() <= 1.5
+        assert np.abs(truth[16:] - plain[16:, :, None]).max() <= 1  # background stays bare
+        assert np.abs(pred[:, 16:] - (0.55 * plain[:, 16:, None] + 0.45 * magenta)).max() <= 1.5
+        assert np.abs(pred[:, :16] - plain[:, :16, None]).max() <= 1
+    for col in range(3):  # a title over each column: white text on black
+        assert (canvas[2:14, 4 + 36 * col:36 + 36 * col] > 200).all(axis=-1).sum() >= 10
+    legend = 16 + 2 * 36 + 4
+    assert (canvas[legend + 5, 6] == green).all() and (canvas[legend + 16 + 5, 6] == magenta).all()

@@ -17,6 +17,7 @@ import time
 import numpy as np
 import pytest
 import torch
+import torchvision
 from PIL import Image
 
 import train_classify
@@ -648,3 +649,86 @@ def test_a_new_run_in_a_folder_whose_run_left_no_checkpoint_logs_alone(tmp_path)
     (out / "metrics.jsonl").write_text(json.dumps({"type": "train", "epoch": 1, "step": 1, "global_step": 1}) + "\n")
     tiny_run(root, str(out))
     assert len(records(str(out), "start")) == 1 and [r["step"] for r in records(str(out), "train")] == [1, 2]
+
+
+# ------------------------------------------------------------------------------------------
+# torchvision's conventions: flag names, pretrained weights, logs to plot
+# ------------------------------------------------------------------------------------------
+
+
+def test_torchvision_flag_names_are_aliases_and_no_prefix_is_taken_for_a_flag():
+    args = parse("--model", "resnet18", "--test-only", "--amp", "--crop-size", "176")
+    assert (args.arch, args.evaluate, args.amp, args.crop_size) == ("resnet18", True, "default", 176)
+    assert train_classify.get_args_parser().parse_args(["--data-path", "/d"]).data == "/d"
+    assert parse("--amp", "bf16").amp == "bf16" and parse().amp == "none"
+    both = train_classify.parse_args(["--data", "x", "--crop-size", "176", "--val-resize-size", "200"])
+    assert (both.train_crop_size, both.val_crop_size) == (176, 176)
+    proc = run("--data", "x", "--model-e", check=False)  # a prefix of --model-ema*: refused, never guessed
+    assert proc.returncode == 2 and "unrecognized arguments: --model-e" in proc.stderr
+
+
+def test_bare_amp_is_the_devices_default_and_every_record_has_a_time(tmp_path):
+    root, out = tiny_imagefolder(str(tmp_path / "d")), str(tmp_path / "o")
+    before = time.time()
+    tiny_run(root, out, "--amp", "--epochs", "2")
+    assert records(out, "config")[0]["args"]["amp"] == "bf16"  # on the CPU: torch.autocast's default there
+    with open(os.path.join(out, "metrics.jsonl")) as f:
+        stamps = [r["time"] for r in map(json.loads, f)]
+    assert before < stamps[0] and stamps == sorted(stamps) and stamps[-1] < time.time()
+    assert [(r["epoch"], r["step"], r["global_step"]) for r in records(out, "epoch")] == [(1, 2, 2), (2, 2, 4)]
+    assert [(r["epoch"], r["step"], r["global_step"]) for r in records(out, "train")] == [(1, 1, 1), (1, 2, 2),
+                                                                                            (2, 1, 3), (2, 2, 4)]
+
+
+def test_weights_from_a_file_load_every_tensor_that_fits_and_a_new_head(tmp_path):
+    root = tiny_imagefolder(str(tmp_path / "d"))
+    torch.manual_seed(1)
+    pretrained = torchvision.models.resnet18(num_classes=1000).state_dict()  # stands in for ImageNet weights
+    torch.save(pretrained, tmp_path / "resnet18.pth")
+    out = str(tmp_path / "o")
+    proc = tiny_run(root, out, "--weights", str(tmp_path / "resnet18.pth"), "--lr", "1e-12")
+    n = len(pretrained)
+    assert f"{n - 2} of the model's {n} tensors loaded" in proc.stdout  # all but fc.weight and fc.bias
+    trained = torch.load(os.path.join(out, "checkpoint.pth"), weights_only=True)["model"]
+    torch.testing.assert_close(trained["conv1.weight"], pretrained["conv1.weight"])  # lr 1e-12: as loaded
+    torch.testing.assert_close(trained["layer4.1.bn2.weight"], pretrained["layer4.1.bn2.weight"])
+    assert trained["fc.weight"].shape == (2, 512)
+    # one of our checkpoints is a file of weights too: every tensor fits
+    again = tiny_run(root, str(tmp_path / "o2"), "--weights", os.path.join(out, "checkpoint.pth"))
+    assert f"{n} of the model's {n} tensors loaded" in again.stdout
+
+
+def test_bad_weights_are_one_error_line(tmp_path):
+    root = tiny_imagefolder(str(tmp_path / "d"))
+    assert_one_line_error(tiny_run(root, str(tmp_path / "a"), "--weights", "NoSuch_Weights.X", check=False),
+                          "--weights NoSuch_Weights.X: neither a weights file nor a torchvision weights name")
+    torch.save(torchvision.models.alexnet().state_dict(), tmp_path / "alexnet.pth")
+    assert_one_line_error(tiny_run(root, str(tmp_path / "b"), "--weights", str(tmp_path / "alexnet.pth"), check=False),
+                          "none of its tensors fits the model of --arch resnet18")
+    (tmp_path / "junk.pth").write_bytes(b"not a checkpoint")
+    assert_one_line_error(tiny_run(root, str(tmp_path / "c"), "--weights", str(tmp_path / "junk.pth"), check=False),
+                          f"--weights {tmp_path / 'junk.pth'}: neither a weights file")
+
+
+def test_tensorboard_without_the_package_is_one_error_line(tmp_path):
+    hide = tmp_path / "hide"  # a sitecustomize that makes the tensorboard package unimportable
+    hide.mkdir()
+    (hide / "sitecustomize.py").write_text("import sys\nsys.modules['tensorboard'] = None\n"
+                                           "sys.modules['torch.utils.tensorboard'] = None\n")
+    root = tiny_imagefolder(str(tmp_path / "d"))
+    proc = run("--data", root, *TINY, "--output-dir", str(tmp_path / "o"), "--tensorboard", check=False,
+               env={**CPU_ENV, "PYTHONPATH": str(hide)})
+    assert_one_line_error(proc, "--tensorboard: needs the tensorboard package (pip install tensorboard)")
+
+
+def test_tensorboard_scalars_are_the_metrics_records(tmp_path):
+    event_accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
+    root, out = tiny_imagefolder(str(tmp_path / "d")), str(tmp_path / "o")
+    tiny_run(root, out, "--tensorboard", "--epochs", "2")
+    events = event_accumulator.EventAccumulator(out)
+    events.Reload()
+    for kind, key in (("train", "loss"), ("train", "img_s"), ("epoch", "val_top1"), ("epoch", "train_loss")):
+        logged = [(r["global_step"], r[key]) for r in records(out, kind)]
+        scalars = [(e.step, e.value) for e in events.Scalars(f"{kind}/{key}")]
+        assert [s for s, _ in scalars] == [s for s, _ in logged]
+        assert [v for _, v in scalars] == pytest.approx([v for _, v in logged], rel=1e-6)

@@ -11,6 +11,7 @@ import sys
 import numpy as np
 import pytest
 import torch
+import torchvision
 from PIL import Image
 
 from data_processing import make_csv_file_npy
@@ -79,10 +80,11 @@ def test_demo_learns_on_the_gpu(tmp_path):
 
 
 def test_overlay_png(demo_run):
-    # four validation images in rows, ground truth and prediction side by side: 2 x 96 px + 3 x 4 px padding
+    # four validation images in rows; image, ground truth and prediction side by side: 3 x 96 px + 4 x 4 px padding;
+    # a line of titles above, a legend line below (binary: class 1 alone)
     for epoch in (1, 2):
         with Image.open(os.path.join(demo_run, f"val_epoch{epoch:03d}.png")) as im:
-            assert im.size == (2 * 96 + 3 * 4, 4 * 96 + 5 * 4)
+            assert im.size == (3 * 96 + 4 * 4, 16 + 4 * 96 + 5 * 4 + 16)
             assert im.mode == "RGB"
 
 
@@ -266,3 +268,19 @@ def test_error_float_image_with_nan_pixels_before_training(tmp_path):
     proc = tiny(root, "--size", "32")
     assert_one_line_error(proc, os.path.join(root, "x1.npy"), "NaN or infinite pixels")
     assert not os.path.exists(os.path.join(root, "out", "checkpoint.pth"))
+
+
+def test_weights_of_a_torchvision_model_load_into_its_wrapper_with_a_new_head(tmp_path):
+    torch.manual_seed(1)
+    pretrained = torchvision.models.get_model("lraspp_mobilenet_v3_large", num_classes=21,
+                                              weights_backbone=None).state_dict()
+    torch.save(pretrained, tmp_path / "lraspp.pth")  # torchvision's keys, as its downloaded weights have them
+    out = str(tmp_path / "o")
+    proc = run("--data", "demo", "--epochs", "1", "--arch", "lraspp_mobilenet_v3_large", "--num-classes", "2",
+               "--weights", str(tmp_path / "lraspp.pth"), "--lr", "1e-12", "--output-dir", out)
+    n = len(pretrained)
+    assert f"{n - 4} of the model's {n} tensors loaded" in proc.stdout  # all but the two 21-class heads
+    trained = torch.load(os.path.join(out, "checkpoint.pth"), weights_only=True)["model"]
+    key = "backbone.0.0.weight"
+    torch.testing.assert_close(trained[f"model.{key}"], pretrained[key])
+    assert trained["model.classifier.high_classifier.weight"].shape[0] == 2

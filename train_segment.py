@@ -20,10 +20,7 @@ import functools
 import json
 import math
 import os
-import signal
-import sys
 import time
-import traceback
 from types import SimpleNamespace
 
 import torch
@@ -31,8 +28,8 @@ import torch.distributed as dist
 import torchvision
 from torch import nn
 
-from pipelines import (DataError, alongside, atomic_open, fetch_dali_loader, first_mask_above, read_split,
-                       save_overlay, segment_iterator)
+from pipelines import (DataError, StopSignals, alongside, atomic_open, fetch_dali_loader, first_mask_above, read_split,
+                       run_main, save_overlay, segment_iterator)
 
 RUNS_DIR = "runs/segment"
 # --data demo: a small, quick run; flags given on the command line still win.
@@ -42,13 +39,13 @@ DEMO_DEFAULTS = dict(epochs=6, batch_size=8, lr=2.0, size=96, unet_width=16, pri
 
 def get_args_parser(add_help=True):
     parser = argparse.ArgumentParser(description="Semantic segmentation on DALI", add_help=add_help,
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter, allow_abbrev=False)
     # A bad flag ends the run as every usage error does: one `error:` line, exit status 2.
     parser.error = lambda message: parser.exit(2, f"error: {message}\n")
     g = parser.add_argument_group("data")
-    g.add_argument("--data", required=True, help="prepared root (csv_file/), PNG root (Images/, Masks/: prepared into "
-                   "<root>/npy), or 'demo' for a built-in synthetic set (demo also changes the defaults to: "
-                   + ", ".join(f"--{k.replace('_', '-')} {v}" for k, v in DEMO_DEFAULTS.items()) + ")")
+    g.add_argument("--data", "--data-path", required=True, help="prepared root (csv_file/), PNG root (Images/, "
+                   "Masks/: prepared into <root>/npy), or 'demo' for a built-in synthetic set (demo also changes the "
+                   "defaults to: " + ", ".join(f"--{k.replace('_', '-')} {v}" for k, v in DEMO_DEFAULTS.items()) + ")")
     g.add_argument("--num-classes", type=at_least_1, default=1, help="1: binary (BCE + Dice); more: CE + Dice")
     g.add_argument("--size", type=number(int, "a multiple of 32 (the models down-sample by up to 32)",
                                          lambda v: v >= 32 and v % 32 == 0), default=384, help="side of the input")
@@ -57,7 +54,11 @@ def get_args_parser(add_help=True):
     g.add_argument("--loader", choices=["dali", "synthetic"], default="dali", help="synthetic: train on one random "
                    "batch already on the device (the speed ceiling; validation still reads --data)")
     g = parser.add_argument_group("model")
-    g.add_argument("--arch", default="unet", choices=ARCHS, help="the compact U-Net of this file, or a torchvision model")
+    g.add_argument("--arch", "--model", default="unet", choices=ARCHS,
+                   help="the compact U-Net of this file, or a torchvision model")
+    g.add_argument("--weights", help="start from these weights: a torchvision weights name "
+                   "(FCN_ResNet50_Weights.DEFAULT; the U-Net has none) or a file (a state dict or a "
+                   "checkpoint of this script); tensors of another shape (a head for other classes) start anew")
     g.add_argument("--unet-width", type=at_least_1, default=32, help="channels of the U-Net's first level")
     g.add_argument("--sync-bn", action="store_true", help="SyncBatchNorm across processes under torchrun (CUDA only)")
     g.add_argument("--model-ema", action="store_true", help="an EMA of the weights, validated and saved beside them")
@@ -68,7 +69,8 @@ def get_args_parser(add_help=True):
     g.add_argument("--epochs", type=at_least_1, default=50, help="epochs to train")
     g.add_argument("-b", "--batch-size", type=at_least_1, default=32, help="images per process (per GPU)")
     g.add_argument("--opt", choices=["sgd", "adamw"], default="sgd", help="optimizer")
-    g.add_argument("--lr", type=positive, default=0.1, help="lr for a global batch of 256 (scaled by global batch / 256)")
+    g.add_argument("--lr", type=positive, default=0.1, help="lr per 256 images, scaled by global batch / 256 "
+                   "(torchvision's --lr is the lr itself: pass it x 256 / global batch)")
     g.add_argument("--momentum", type=below_one, default=0.9, help="SGD momentum")
     g.add_argument("--wd", "--weight-decay", type=non_negative, default=1e-4, dest="wd", help="weight decay")
     g.add_argument("--norm-weight-decay", type=non_negative, help="weight decay of norm layers and biases (default: --wd)")
@@ -81,7 +83,8 @@ def get_args_parser(add_help=True):
     g.add_argument("--lr-step-size", type=at_least_1, default=30, help="step schedule: epochs between decays")
     g.add_argument("--lr-gamma", type=non_negative, default=0.1, help="step schedule: factor per decay")
     g.add_argument("--lr-min", type=non_negative, default=0.0, help="cosine schedule: the final lr")
-    g.add_argument("--amp", choices=["bf16", "fp16", "none"], default="none", help="mixed precision (autocast)")
+    g.add_argument("--amp", nargs="?", const="default", choices=["bf16", "fp16", "none", "default"], default="none",
+                   help="mixed precision (autocast); bare --amp: torch's default for the device (fp16 CUDA, bf16 CPU)")
     g.add_argument("--channels-last", action="store_true", help="channels_last memory format")
     g.add_argument("--compile", action="store_true", help="torch.compile the model")
     g.add_argument("--seed", type=int, default=0, help="seed of model init and DALI augmentations")
@@ -90,8 +93,11 @@ def get_args_parser(add_help=True):
     g.add_argument("--overwrite", action="store_true", help="replace a previous run's checkpoints in --output-dir")
     g.add_argument("--resume", default="", help="checkpoint to continue from, at its exact step")
     g.add_argument("--checkpoint-every", type=at_least_0, default=0, help="also save every N steps (0: per epoch)")
-    g.add_argument("--evaluate", action="store_true", help="only validate the --resume model (with --model-ema, its EMA)")
+    g.add_argument("--evaluate", "--test-only", action="store_true",
+                   help="only validate the --resume model (with --model-ema, its EMA)")
     g.add_argument("--print-freq", type=at_least_1, default=50, help="log a line every N steps")
+    g.add_argument("--tensorboard", action="store_true", help="also write the logged scalars for TensorBoard into the "
+                   "run folder (needs the tensorboard package)")
     return parser
 
 
@@ -353,7 +359,7 @@ def main(args):
         path = save(epoch, data.steps, is_best)
         if ddp.master:
             save_overlay(os.path.join(run_dir, f"val_epoch{epoch:03d}.png"), *first, args.num_classes)
-        record.update(epoch_time=time.perf_counter() - start, global_step=epoch * data.steps)
+        record.update(epoch_time=time.perf_counter() - start, step=data.steps, global_step=epoch * data.steps)
         log(record, f"Epoch {epoch}: val {line}  train loss {train_loss:.4f}  time {record['epoch_time']:.1f}s")
         if signum := stop.requested():
             StopSignals.exit(signum, path, epoch, data.steps)
@@ -398,6 +404,7 @@ def setup_distributed(args):
         # Training kernels get the higher stream priority, so DALI's kernels, on DALI's own streams, fill the gaps.
         torch.cuda.set_stream(torch.cuda.Stream(ddp.device, priority=-1))
     args.dali_device = args.dali_device or ("gpu" if ddp.device.type == "cuda" else "cpu")
+    args.amp = ("fp16" if ddp.device.type == "cuda" else "bf16") if args.amp == "default" else args.amp
     if args.dali_device == "gpu" and ddp.device.type != "cuda":
         raise UsageError("--dali-device gpu: no CUDA device is visible; use --dali-device cpu")
     if args.sync_bn and ddp.device.type != "cuda" and not args.evaluate:
@@ -412,37 +419,6 @@ def check_finite(finite, epoch, step, what):
     if not finite:
         raise UsageError(f"epoch {epoch} step {step}: the {what} went NaN or infinite; stopped there, the checkpoints "
                          f"kept (usual causes: too high an --lr, or bad input such as NaN or infinite pixels)")
-
-class StopSignals:
-    """SIGTERM (SLURM's and Kubernetes' preemption), SIGINT (Ctrl-C) and SIGUSR1 (SLURM's warning) stop the run at the
-    next step; a second Ctrl-C at once. ``requested()``, called by every process at the same points, gives them all
-    the largest signal any caught, over a gloo (CPU) group, sent at one step and read at the next: no step waits."""
-
-    def __init__(self, ddp):
-        self.signum, self.pending = 0, None
-        self.group = dist.new_group(backend="gloo") if ddp.active else None
-        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
-            signal.signal(signum, self.catch)
-
-    def catch(self, signum, frame):
-        if signum == self.signum == signal.SIGINT:
-            raise KeyboardInterrupt
-        self.signum = self.signum or signum
-
-    def requested(self):
-        if self.group is None:
-            return self.signum
-        agreed = self.pending[1].item() if self.pending and self.pending[0].wait() else 0
-        flag = torch.tensor([self.signum])
-        self.pending = (dist.all_reduce(flag, dist.ReduceOp.MAX, group=self.group, async_op=True), flag)
-        return agreed
-
-    @staticmethod
-    def exit(signum, path, epoch, step):  # after the stop's checkpoint: one line, the status of the signal's end
-        if path:  # the main process's
-            print(f"stopped by {signal.Signals(signum).name} at epoch {epoch} step {step}: saved {path}; to continue, "
-                  f"run the same command with --resume {path}", file=sys.stderr, flush=True)
-        sys.exit(128 + signum)
 
 def all_reduce_sum(values, device):
     """Sum floats over all processes (a host-device sync point: call it rarely)."""
@@ -459,6 +435,8 @@ def build_model(args, ddp, data, log):
     """The model to train (DDP-wrapped, compiled), the plain one (saved), its EMA, optimizer, schedule, scaler."""
     torch.manual_seed(args.seed)
     model = make_model(args, data.channels)
+    if args.weights and not args.resume:  # --resume loads its own weights
+        log({"type": "weights", "weights": args.weights}, load_weights(model, args))
     if args.sync_bn and ddp.active:
         model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)  # batch statistics over all GPUs
     model = model.to(ddp.device, memory_format=torch.channels_last if args.channels_last else torch.preserve_format)
@@ -561,15 +539,28 @@ def open_run(args, ddp, ckpt):
             n += 1
         lock_run_dir(out, args, ckpt)
 
-    def log(record, line):
+    writer = tensorboard_writer(out) if args.tensorboard and out else None
+
+    def log(record, line):  # every record gets "time": seconds since the Unix epoch
         if ddp.master:
             print(line, flush=True)
+            record = {**record, "time": time.time()}
             if out:
                 with open(os.path.join(out, "metrics.jsonl"), "a") as f:
                     f.write(json.dumps(record) + "\n")
+            for key, value in record.items() if writer and "global_step" in record else ():
+                if isinstance(value, float) and key != "time":  # type/name: train/loss, epoch/val_top1, ...
+                    writer.add_scalar(f"{record['type']}/{key}", value, record["global_step"], record["time"])
 
     log.run_dir = out
     return out, log
+
+def tensorboard_writer(out):
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        raise UsageError("--tensorboard: needs the tensorboard package (pip install tensorboard)") from None
+    return SummaryWriter(out, flush_secs=10)
 
 def lock_run_dir(out, args, ckpt):
     """Refused: a folder another run writes to, or, without --overwrite, one holding another run's checkpoint.
@@ -632,6 +623,25 @@ def save_checkpoint(run_dir, state, data, args, ddp, *, epoch, step, best, is_be
             f"saved checkpoint.pth at epoch {epoch} step {step}")
     return os.path.join(run_dir, "checkpoint.pth")
 
+def load_weights(model, args):
+    """--weights: a torchvision weights name or a file (a state dict or a checkpoint of this script) into ``model``;
+    tensors of another shape than the model's (a head for other classes) keep their fresh initialization."""
+    name = args.weights
+    try:
+        state = (torch.load(name, map_location="cpu", weights_only=True) if os.path.isfile(name) else
+                 torchvision.models.get_weight(name).get_state_dict(progress=False))
+    except Exception as e:
+        why = (str(e).strip() or type(e).__name__).splitlines()[-1][:200]
+        raise UsageError(f"--weights {name}: neither a weights file nor a torchvision weights name such as "
+                         f"ResNet50_Weights.IMAGENET1K_V2 ({why})") from None
+    state, own = state.get("model", state), model.state_dict()  # a checkpoint's model, or the state dict itself
+    state = state if state.keys() & own.keys() else {f"model.{k}": v for k, v in state.items()}  # in a wrapper
+    fits = {k: v for k, v in state.items() if k in own and v.shape == own[k].shape}
+    if not fits:
+        raise UsageError(f"--weights {name}: none of its tensors fits the model of --arch {args.arch}")
+    model.load_state_dict(fits, strict=False)
+    return f"--weights {name}: {len(fits)} of the model's {len(own)} tensors loaded, the others newly initialized"
+
 def load_checkpoint(path):
     if not os.path.isfile(path):
         raise UsageError(f"--resume {path}: no such checkpoint file")
@@ -681,20 +691,4 @@ def resume(ckpt, args, ddp, state, steps, log):
     return start_epoch, first_step, ckpt["best"], ckpt.get("loss_sum", [0.0] * ddp.world_size)[ddp.rank] * (first_step > 0)
 
 if __name__ == "__main__":
-    args = parse_args()
-    try:
-        main(args)
-    except (Exception, KeyboardInterrupt) as e:
-        status = 2 if isinstance(e, (UsageError, DataError)) else 130 if isinstance(e, KeyboardInterrupt) else 1
-        alone = not (dist.is_initialized() and dist.get_world_size() > 1)
-        if status == 1 and alone:
-            raise
-        print(f"error: {e}" if status == 2 else "interrupted: nothing saved since the last checkpoint" if status == 130
-              else traceback.format_exc(), file=sys.stderr, flush=True)
-        sys.stdout.flush()
-        # Other processes may wait for this one in a collective, where NCCL's graceful destroy_process_group() would
-        # wait forever: end at once, and torchrun stops the others with this error.
-        sys.exit(status) if alone else os._exit(status)
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+    run_main(main, parse_args(), UsageError)  # a UsageError or DataError: one `error:` line, exit status 2
