@@ -465,7 +465,7 @@ def fetch_dali_loader(imgs, lbls, batch_size, mode, **kwargs):
 
 
 # ==========================================================================================
-# Machinery: reading and checking the data; the trainers' stop and exit handling. Nothing below needs editing to change a pipeline.
+# Machinery: reading and checking the data; the trainers' stop and exit handling. Nothing here is a pipeline.
 # ==========================================================================================
 
 # The extensions torchvision's ImageFolder accepts (case-insensitive), so that both loaders see the same files.
