@@ -3,7 +3,6 @@ demo learns; resume and --evaluate pick up exactly where the run was; the recipe
 reference does; bad input gives one clear line and loses nothing. Where there is a GPU, the demo also learns on
 it."""
 
-import argparse
 import fcntl
 import json
 import math
@@ -14,7 +13,6 @@ import subprocess
 import sys
 import time
 
-import numpy as np
 import pytest
 import torch
 import torchvision
