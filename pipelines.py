@@ -618,6 +618,146 @@ def atomic_temp_pattern(name):
     return rf"\.{name}\.\d+\.partial"
 
 
+# data in object storage: s3:// URLs, whose bytes DALI's readers fetch themselves ------------------------------
+# boto3 lists the prefixes and reads the small files (classes.txt, manifest.json, index summaries, digests): its
+# errors say what is wrong (bucket, credentials, access, endpoint) before DALI builds anything.
+
+# Seconds a request may wait for a connection, and then for each answer; AWS_MAX_ATTEMPTS (3) bounds the tries.
+S3_TIMEOUT = 10
+# Requests in flight at once while the indexes of remote shards are checked.
+S3_THREADS = 16
+
+
+def remote(path):
+    """Whether ``path`` is in object storage (an s3:// URL)."""
+    return str(path).startswith("s3://")
+
+
+@functools.lru_cache(maxsize=1)
+def s3_client():
+    """boto3's S3 client: endpoint (``AWS_ENDPOINT_URL``), credentials and region found as the AWS tools find them."""
+    try:
+        import boto3
+        from botocore.config import Config
+    except ImportError:
+        raise DataError("s3:// data needs the boto3 package (pip install boto3)") from None
+    return boto3.client("s3", config=Config(connect_timeout=S3_TIMEOUT, read_timeout=S3_TIMEOUT,
+                                            retries={"mode": "standard"}))
+
+
+@contextlib.contextmanager
+def s3_errors(url):
+    """The client, with boto3's errors about ``url`` turned into a ``DataError`` that says what to check, and a
+    missing object into ``FileNotFoundError``."""
+    client = s3_client()
+    from botocore import exceptions
+    try:
+        yield client
+    except exceptions.NoCredentialsError:
+        raise DataError(f"{url}: no AWS credentials found (set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or "
+                        f"AWS_PROFILE)") from None
+    except exceptions.ClientError as e:
+        code, message = e.response["Error"].get("Code"), e.response["Error"].get("Message")
+        if code == "NoSuchKey":
+            raise FileNotFoundError(url) from None
+        if code == "NoSuchBucket":
+            raise DataError(f"{url}: no such bucket at {client.meta.endpoint_url}") from None
+        if e.response["ResponseMetadata"].get("HTTPStatusCode") == 403:
+            raise DataError(f"{url}: access denied ({code}: {message}); check the credentials and the bucket's "
+                            f"policy") from None
+        raise DataError(f"{url}: {code} from {client.meta.endpoint_url} ({message})") from None
+    except exceptions.BotoCoreError as e:  # no connection, or no answer within S3_TIMEOUT
+        raise DataError(f"{url}: {e}; check AWS_ENDPOINT_URL and that the server is up") from None
+
+
+def s3_bucket_key(url):
+    bucket, _, key = url[len("s3://"):].partition("/")
+    return bucket, key.strip("/")
+
+
+@functools.lru_cache(maxsize=None)
+def s3_files(url):
+    """{path relative to ``url``: size in bytes} of every object under the s3:// prefix ``url``, listed once."""
+    bucket, key = s3_bucket_key(url)
+    prefix = key and key + "/"
+    with s3_errors(url) as s3:
+        pages = s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+        return {o["Key"][len(prefix):]: o["Size"] for page in pages for o in page.get("Contents", [])
+                if not o["Key"].endswith("/")}  # a key ending in / is a console's folder marker
+
+
+@functools.lru_cache(maxsize=None)
+def s3_tree(url):
+    """{top-level name under ``url``: its files' relative paths in ``walk``'s order}, from one listing."""
+    tree = {}
+    for rel in sorted(s3_files(url), key=os.path.split):
+        tree.setdefault(rel.split("/")[0], []).append(rel)
+    return tree
+
+
+def s3_get(url, byte_range=None):
+    """The bytes of an s3:// object (``byte_range``: HTTP's "bytes=first-last")."""
+    bucket, key = s3_bucket_key(url)
+    with s3_errors(url) as s3:
+        return s3.get_object(Bucket=bucket, Key=key, **({"Range": byte_range} if byte_range else {}))["Body"].read()
+
+
+def isdir(path):
+    """``os.path.isdir``; for an s3:// prefix, whether any object is under it."""
+    return bool(s3_files(path)) if remote(path) else os.path.isdir(path)
+
+
+def entries(folder):
+    """(name, is a folder) of everything in a folder or directly under an s3:// prefix."""
+    if remote(folder):
+        return [(name, "/" in rels[0]) for name, rels in s3_tree(folder).items()]
+    return [(e.name, e.is_dir()) for e in os.scandir(folder)]
+
+
+def walk(folder):
+    """Every file under ``folder``, in torchvision's ImageFolder order (``sorted(os.walk(folder))``, each folder's
+    names sorted); under an s3:// prefix, from its parent's one listing."""
+    if remote(folder):
+        parent, name = os.path.split(folder)
+        return [os.path.join(parent, rel) for rel in s3_tree(parent).get(name, [])]
+    return [os.path.join(root, n) for root, _, names in sorted(os.walk(folder, followlinks=True)) for n in sorted(names)]
+
+
+def read_bytes(path):
+    """A whole (small) file or s3:// object; FileNotFoundError when there is none."""
+    if remote(path):
+        return s3_get(path)
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def remote_shard_index(shard, layout):
+    """``shard_index`` of an s3:// shard: its index beside it, made before the upload, so that DALI reads both from
+    the store. The summary's size and digest must still match the shard (not its time: an upload sets its own)."""
+    name, listed = os.path.basename(shard), s3_files(os.path.dirname(shard))
+    how = (f"index a local copy (python -c \"import pipelines; pipelines.shard_index('{name}', '{layout}')\") and "
+           f"upload {name}.idx and {name}.idx.json beside it (make_shards.py writes both for every shard)")
+    if name + ".idx" not in listed or name + ".idx.json" not in listed:
+        raise DataError(f"{shard}: no index beside it ({name}.idx and {name}.idx.json); {how}")
+    text = s3_get(shard + ".idx.json")
+    try:
+        summary = json.loads(text)
+        recorded = summary["shard"]["bytes"], summary["index_bytes"], summary["digest"]
+    except (ValueError, KeyError, TypeError):
+        recorded = None
+    if recorded != (listed[name], listed[name + ".idx"], shard_digest(shard)):
+        raise DataError(f"{shard}: does not match its index ({name}.idx.json records another size or digest: the "
+                        f"shard was rewritten since it was indexed); {how}")
+    return shard + ".idx", summary
+
+
+def find_changed(pipe):
+    """The first of ``pipe``'s s3:// files that is gone, or of another size, since the run listed them; or None."""
+    split = pipe.read.data_dir
+    before, now = s3_files(split), s3_files.__wrapped__(split)  # the listing this run used, and a new one
+    return next((f for f in pipe.files if now.get(rel := f[len(split):].lstrip("/")) != before[rel]), None)
+
+
 # classification data: folders, file lists and shards ------------------------------------------------
 
 
@@ -637,7 +777,7 @@ class ClassifyReader:
                  batch_size, stick_to_shard=False, skip_cached_images=False):
         args = dict(shard_id=shard_id, num_shards=num_shards, random_shuffle=shuffle, pad_last_batch=True,
                     stick_to_shard=stick_to_shard, skip_cached_images=skip_cached_images, name="Reader")
-        self.label_offset = label_offset
+        self.label_offset, self.data_dir = label_offset, data_dir
         self.layout = "folder" if file_list is not None else find_layout(data_dir)
         if file_list is not None:
             if not os.path.isfile(file_list):
@@ -658,7 +798,8 @@ class ClassifyReader:
         else:
             self.files = shard_files(data_dir, self.layout)
             check_manifest(data_dir, self.files)
-            indexes, summaries = zip(*progress((shard_index(shard, self.layout) for shard in self.files),
+            scan = ThreadPoolExecutor(S3_THREADS).map if remote(data_dir) else map  # remote: the requests overlap
+            indexes, summaries = zip(*progress(scan(shard_index, self.files, [self.layout] * len(self.files)),
                                                len(self.files), f"{data_dir}: shards indexed"))
             self.num_samples = sum(s["samples"] for s in summaries)
             if extra := extra_samples(self.num_samples, num_shards, batch_size, shuffle):
@@ -725,8 +866,7 @@ def padded_indexes(indexes, layout, extra):
     header = 1 if layout == "wds" else 0  # "v1.2 <samples>"
     lines = []
     for index in indexes:
-        with open(index) as f:
-            lines.append(f.read().splitlines())
+        lines.append(read_bytes(index).decode().splitlines())
     for k, line in repeats([(k, line) for k, ls in enumerate(lines) for line in ls[header:]], extra):
         lines[k].append(line)
     folder = tempfile.mkdtemp(prefix="dali-index-")
@@ -740,9 +880,9 @@ def padded_indexes(indexes, layout, extra):
 
 def find_classes(data_dir):
     """Class names sorted exactly as torchvision's ImageFolder sorts them, and their indices."""
-    if not os.path.isdir(data_dir):
+    if not isdir(data_dir):
         raise DataError(f"{data_dir}: no such directory (expected an ImageFolder tree: <dir>/<class>/<image>)")
-    classes = sorted(e.name for e in os.scandir(data_dir) if e.is_dir())
+    classes = sorted(name for name, is_dir in entries(data_dir) if is_dir)
     if not classes:
         raise DataError(f"{data_dir}: no class folders in it (expected <dir>/<class>/<image>)")
     return classes, {c: i for i, c in enumerate(classes)}
@@ -764,9 +904,7 @@ def list_image_folder(data_dir, classes=None):
                                 f"training classes")
     files, labels = [], []
     for c in found:
-        class_files = []
-        for root, _, names in sorted(os.walk(os.path.join(data_dir, c), followlinks=True)):
-            class_files += [os.path.join(root, n) for n in sorted(names) if n.lower().endswith(IMG_EXTENSIONS)]
+        class_files = [f for f in walk(os.path.join(data_dir, c)) if f.lower().endswith(IMG_EXTENSIONS)]
         if not class_files:
             raise DataError(f"{os.path.join(data_dir, c)}: no images in this class folder "
                             f"(expected files ending in {', '.join(IMG_EXTENSIONS)})")
@@ -777,15 +915,15 @@ def list_image_folder(data_dir, classes=None):
 
 def find_layout(split_dir):
     """What ``split_dir`` holds: "folder" (class folders), "tfrecord" or "wds" (WebDataset .tar shards)."""
-    if not os.path.isdir(split_dir):
+    if not isdir(split_dir):
         raise DataError(f"{split_dir}: no such directory (expected class folders, TFRecord files or .tar shards)")
     found = set()
-    for e in os.scandir(split_dir):
-        if e.is_dir():
+    for name, is_dir in entries(split_dir):
+        if is_dir:
             found.add("folder")
-        elif TFRECORD_NAME.fullmatch(e.name):
+        elif TFRECORD_NAME.fullmatch(name):
             found.add("tfrecord")
-        elif e.name.endswith(".tar") and not e.name.startswith("."):
+        elif name.endswith(".tar") and not name.startswith("."):
             found.add("wds")
     if not found:
         raise DataError(f"{split_dir}: no class folders, TFRecord files or .tar shards in it (expected "
@@ -798,16 +936,16 @@ def find_layout(split_dir):
 def shard_files(split_dir, layout):
     """The TFRecord files or tar shards of a split, sorted by name."""
     match = TFRECORD_NAME.fullmatch if layout == "tfrecord" else lambda n: n.endswith(".tar") and n[0] != "."
-    return sorted(os.path.join(split_dir, n) for n in os.listdir(split_dir) if match(n))
+    return sorted(os.path.join(split_dir, n) for n, is_dir in entries(split_dir) if not is_dir and match(n))
 
 
 def check_manifest(split_dir, shards):
     """A ``DataError`` naming a shard that the set's manifest.json (make_shards.py writes it beside the splits)
     lists for this split and that is not there: a copy that lost a shard would train on fewer samples."""
-    manifest = os.path.join(os.path.dirname(os.path.abspath(split_dir)), "manifest.json")
+    split_dir = split_dir.rstrip("/") if remote(split_dir) else os.path.abspath(split_dir)
+    manifest = os.path.join(os.path.dirname(split_dir), "manifest.json")
     try:
-        with open(manifest) as f:
-            listed = json.load(f)["splits"][os.path.basename(os.path.abspath(split_dir))]["shards"]
+        listed = json.loads(read_bytes(manifest))["splits"][os.path.basename(split_dir)]["shards"]
     except (OSError, ValueError, KeyError, TypeError):
         return
     missing = sorted(set(listed) - {os.path.basename(shard) for shard in shards})
@@ -818,11 +956,11 @@ def check_manifest(split_dir, shards):
 
 def read_classes_txt(split_dir):
     """The class names in ``split_dir/classes.txt`` (one a line, in index order), or None without one."""
-    path = os.path.join(split_dir, "classes.txt")
-    if not os.path.isfile(path):
+    try:
+        text = read_bytes(os.path.join(split_dir, "classes.txt")).decode("utf-8")
+    except (FileNotFoundError, IsADirectoryError):
         return None
-    with open(path, encoding="utf-8") as f:
-        return [line.rstrip("\r\n") for line in f if line.strip()]
+    return [line.rstrip("\r\n") for line in io.StringIO(text, newline=None) if line.strip()]
 
 
 # Our own indexer rather than DALI's tfrecord2idx / wds2idx: it also reads every label once (the label range
@@ -836,8 +974,11 @@ def shard_index(shard, layout):
     The index is built on first use, beside the shard or, when its folder is read-only, under ``INDEX_CACHE``. A
     summary beside the index records the shard's size, modification time and a digest of its first and last
     bytes (a copy made with ``cp -p`` or ``rsync -a`` keeps the other two); an index whose shard no longer matches
-    them (rewritten, truncated) is built again, never trusted.
+    them (rewritten, truncated) is built again, never trusted. An s3:// shard's index must be beside it already
+    (see ``remote_shard_index``).
     """
+    if remote(shard):
+        return remote_shard_index(shard, layout)
     stat = os.stat(shard)
     source, digest = {"bytes": stat.st_size, "mtime_ns": stat.st_mtime_ns}, shard_digest(shard)
     beside = shard + ".idx"
@@ -866,6 +1007,10 @@ def shard_index(shard, layout):
 
 def shard_digest(shard, ends=1 << 16):
     """SHA-1 of a shard's first and last ``ends`` bytes: a rewrite with other samples changes them."""
+    if remote(shard):  # two ranged reads
+        head, size = s3_get(shard, f"bytes=0-{ends - 1}"), s3_files(os.path.dirname(shard))[os.path.basename(shard)]
+        return hashlib.sha1(head + (s3_get(shard, f"bytes={max(len(head), size - ends)}-") if size > len(head)
+                                    else b"")).hexdigest()
     with open(shard, "rb") as f:
         head = f.read(ends)
         f.seek(max(len(head), os.fstat(f.fileno()).st_size - ends))
@@ -1075,6 +1220,8 @@ def plan_decoder_cache(mode, pipes):
     DALI keeps one cache per GPU for every decoder of the process, so all of ``pipes`` get the same size."""
     if mode == "off" or pipes[0].device_id is None:
         return None, None
+    if remote(pipes[0].read.data_dir):  # the estimate reads a sample of the images from Python
+        return None, f"decoder cache off ({mode}): not for data in object storage, whose images it cannot sample"
     need = 1.1 * sum(decoded_size(p) for p in pipes)  # 1.1: room for the estimate's error
     free = torch.cuda.mem_get_info(pipes[0].device_id)[0] / 2 ** 20
     on = mode == "on" or need < free / 2
@@ -1089,11 +1236,15 @@ def decode_errors_named(pipe):
     try:
         yield
     except RuntimeError as e:
+        dali = (str(e).split("encountered:")[-1].strip() or "?").splitlines()[0]  # its words, after its traceback
+        if remote(pipe.read.data_dir):  # searching for the culprit would read the whole set back through Python
+            changed = find_changed(pipe)
+            raise DataError(f"{changed}: changed or gone since this run listed it (DALI: {dali})" if changed else
+                            f"{pipe.read.data_dir}: DALI failed reading this data (DALI: {dali})") from None
         culprit = find_undecodable(pipe)
         if culprit is None:
             raise
-        raise DataError(f"{culprit}: cannot decode this image (DALI: {str(e).strip().splitlines()[-1]}); "
-                        f"remove or replace it") from None
+        raise DataError(f"{culprit}: cannot decode this image (DALI: {dali}); remove or replace it") from None
 
 
 # segmentation data: .npy headers and split CSVs ---------------------------------------------------
@@ -1200,6 +1351,8 @@ def check_segmentation_files(imgs, lbls):
         raise DataError("got an empty list of images")
     if len(imgs) != len(lbls):
         raise DataError(f"got {len(imgs)} images but {len(lbls)} masks (first image: {imgs[0]})")
+    if remote(imgs[0]) or remote(lbls[0]):  # DALI's Numpy reader reads them, but these checks read them from Python
+        raise DataError(f"{imgs[0]}: .npy pairs in object storage are not supported; copy them to a local disk")
     headers = [_npy_shape(path) for path in imgs + lbls]
     first_image, first_mask = headers[0], headers[len(imgs)]
     for img, lbl, image, mask in zip(imgs, lbls, headers, headers[len(imgs):]):

@@ -8,7 +8,7 @@
     python train_classify.py --data /data/imagenet --resume runs/classify/exp1/checkpoint.pth   # continue a run
     python train_classify.py --data /data/imagenet --resume runs/classify/exp1/best.pth --evaluate
 
---data holds train/ and val/: ImageFolder trees, TFRecord files or WebDataset tars (make_shards.py writes both).
+--data (local or s3://) holds train/ and val/: ImageFolder trees, TFRecords or WebDataset tars (make_shards.py writes both).
 DALI decodes and augments on the GPU when there is one, else every operator and the training run on the CPU.
 Read top to bottom: flags, model and loss, train_one_epoch / evaluate, main; the plumbing sits below the banner.
 """
@@ -30,7 +30,7 @@ import torchvision
 from torchvision.transforms import v2
 
 from pipelines import (DEFAULT_HW_DECODER_LOAD, ClassifyTrainPipeline, ClassifyValPipeline, StopSignals,
-                       alongside, atomic_open, classify_iterator, decode_errors_named, make_demo_images,
+                       alongside, atomic_open, classify_iterator, decode_errors_named, isdir, make_demo_images,
                        plan_decoder_cache, run_main)
 
 RUNS_DIR = "runs/classify"
@@ -45,10 +45,10 @@ def get_args_parser(add_help=True):
     # A bad flag ends the run as every usage error does: one `error:` line, exit status 2.
     parser.error = lambda message: parser.exit(2, f"error: {message}\n")
     g = parser.add_argument_group("data")
-    g.add_argument("--data", "--data-path", required=True, help="folder with train/ and val/, each an ImageFolder "
-                   "tree, TFRecord files or WebDataset tars; or 'demo' for a built-in synthetic set (demo also changes "
-                   "the defaults to: " + ", ".join(f"--{k.replace('_', '-')} {v}" for k, v in DEMO_DEFAULTS.items())
-                   + ")")
+    g.add_argument("--data", "--data-path", required=True, help="folder or s3:// prefix with train/ and val/, each "
+                   "an ImageFolder tree, TFRecord files or WebDataset tars; or 'demo' for a built-in synthetic set (demo "
+                   "also changes the defaults to: " + ", ".join(f"--{k.replace('_', '-')} {v}" for k, v in
+                                                                DEMO_DEFAULTS.items()) + ")")
     g.add_argument("--num-classes", type=at_least_1, help="classes of shards without a classes.txt (ImageFolder "
                    "trees count their class folders)")
     g.add_argument("--label-offset", type=int, default=0, help="subtracted from every stored label (1 for TFRecords "
@@ -443,7 +443,7 @@ def locate_data(args, ddp):
         if ddp.active:
             dist.barrier()
         args.data = DEMO_DIR
-    if not all(os.path.isdir(os.path.join(args.data, split)) for split in ("train", "val")):
+    if not all(isdir(os.path.join(args.data, split)) for split in ("train", "val")):  # s3:// prefixes too
         raise UsageError(f"--data {args.data}: expected subfolders train/ and val/ in it (each an ImageFolder tree, "
                          f"TFRecord files or WebDataset tars), or --data demo for the built-in demo set")
 
