@@ -1,0 +1,273 @@
+"""Data in object storage: train_classify.py --data s3://... against a real S3 server, moto's, started here on
+127.0.0.1 (skipped without boto3 and moto[server]). Every layout reads the samples, labels and pixels that the same
+set gives from local disk; a run killed mid-epoch resumes to the uninterrupted run's weights; each way the store can
+fail is one error line."""
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+boto3 = pytest.importorskip("boto3")
+pytest.importorskip("moto.server")  # moto[server]: its standalone server
+
+import pipelines
+from make_shards import make_shards
+from test_train_classify import (CPU_ENV, SCRIPT, TINY, assert_one_line_error, assert_resume_is_exact, final_weights,
+                                 records, run, tiny_imagefolder)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_moto(**env):
+    """moto's S3 server on a free port of 127.0.0.1, once it listens: (process, endpoint URL)."""
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, **env})
+    deadline = time.time() + 60
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return proc, f"http://127.0.0.1:{port}"
+        except OSError:
+            assert proc.poll() is None and time.time() < deadline, "moto's server did not start"
+            time.sleep(0.1)
+
+
+def stop(proc):
+    proc.terminate()
+    proc.wait()
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory):
+    """A server for the module, a bucket on it, its variables in this process and in the trainers' CPU_ENV."""
+    proc, endpoint = start_moto()
+    nothing = str(tmp_path_factory.mktemp("aws") / "none")  # no credentials or config files of the machine's
+    env = {"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+           "AWS_SHARED_CREDENTIALS_FILE": nothing, "AWS_CONFIG_FILE": nothing, "AWS_EC2_METADATA_DISABLED": "true"}
+    saved = dict(CPU_ENV)
+    CPU_ENV.update(env)  # run() and the resume helpers start the trainer with CPU_ENV
+    try:
+        with pytest.MonkeyPatch.context() as mp:
+            for k, v in env.items():
+                mp.setenv(k, v)
+            clear_caches()
+            client = boto3.client("s3")
+            client.create_bucket(Bucket="bkt")
+            yield SimpleNamespace(client=client, env=env)
+            clear_caches()
+    finally:
+        CPU_ENV.clear()
+        CPU_ENV.update(saved)
+        stop(proc)
+
+
+def clear_caches():
+    for cached in (pipelines.s3_client, pipelines.s3_files, pipelines.s3_tree):
+        cached.cache_clear()
+
+
+def upload(client, root, prefix, skip=lambda name: False):
+    """Every file under ``root`` to s3://bkt/``prefix``/, as it is."""
+    for folder, _, names in os.walk(root):
+        for name in names:
+            if not skip(name):
+                path = os.path.join(folder, name)
+                client.upload_file(path, "bkt", f"{prefix}/{os.path.relpath(path, root)}")
+    return f"s3://bkt/{prefix}"
+
+
+@pytest.fixture(scope="module")
+def sets(s3, tmp_path_factory):
+    """The same 24 + 24 images as an ImageFolder tree, WebDataset tars and TFRecords (shards of 5), each on local
+    disk and uploaded: {layout: (local root, s3:// URL)}."""
+    root = tmp_path_factory.mktemp("sets")
+    folder = tiny_imagefolder(str(root / "folder"), per_class=12)
+    make_shards(folder, str(root / "wds"), "wds", shard_size=5, seed=0)
+    make_shards(folder, str(root / "tfrecord"), "tfrecord", shard_size=5, seed=0)
+    return {layout: (str(root / layout), upload(s3.client, str(root / layout), layout))
+            for layout in ("folder", "wds", "tfrecord")}
+
+
+def epoch(pipe):
+    batches = [(b[0]["data"].clone(), b[0]["label"].clone()) for b in pipelines.classify_iterator(pipe)]
+    return torch.cat([images for images, _ in batches]), torch.cat([labels for _, labels in batches])
+
+
+@pytest.mark.parametrize("layout", ["folder", "wds", "tfrecord"])
+def test_each_layout_from_s3_gives_the_samples_labels_and_pixels_of_local_disk(sets, layout, monkeypatch):
+    """Both shards of two, training (shuffled, augmented, padded) and validation, batch for batch."""
+    # DALI's Webdataset reader fetches each sample of its initial fill on its own, this tiny set many times over
+    monkeypatch.setattr(pipelines, "SHUFFLE_BUFFER", 64)
+    local, url = sets[layout]
+    for shard_id in (0, 1):
+        args = dict(num_threads=1, device_id=None, crop_size=32, seed=7, shard_id=shard_id, num_shards=2)
+        pipes = [pipelines.ClassifyTrainPipeline(4, data_dir=os.path.join(d, "train"), **args) for d in (local, url)]
+        assert [(p.layout, p.num_samples, p.classes) for p in pipes] == [(layout, 24, ["a", "b"])] * 2
+        assert pipes[1].files[0].startswith(url + "/train/")
+        (images, labels), (s3_images, s3_labels) = map(epoch, pipes)
+        assert len(labels) == 12 and labels.unique().tolist() == [0, 1]
+        assert torch.equal(labels, s3_labels) and torch.equal(images, s3_images)
+        val = [pipelines.ClassifyValPipeline(4, data_dir=os.path.join(d, "val"), classes=["a", "b"], resize_size=36,
+                                             **args) for d in (local, url)]
+        (images, labels), (s3_images, s3_labels) = map(epoch, val)
+        assert len(labels) == 12 and torch.equal(labels, s3_labels) and torch.equal(images, s3_images)
+
+
+# The trainers' runs read TFRecords: the Webdataset reader's initial fill of SHUFFLE_BUFFER samples takes half a
+# minute from this server (see the test above).
+
+
+def test_training_from_s3_ends_with_the_weights_of_training_from_local_disk(sets, tmp_path):
+    local, url = sets["tfrecord"]
+    proc = run("--data", url, *TINY, "--output-dir", str(tmp_path / "s3"))
+    assert proc.stdout.splitlines()[0].endswith(f"data {url}: tfrecord, 24 train and 24 val samples, 2 classes")
+    run("--data", local, *TINY, "--output-dir", str(tmp_path / "local"))
+    (start,) = records(str(tmp_path / "s3"), "start")
+    assert (start["data"], start["layout"], start["train_samples"], start["val_samples"]) == (url, "tfrecord", 24, 24)
+    assert [r["loss"] for r in records(str(tmp_path / "s3"), "train")] == [
+        r["loss"] for r in records(str(tmp_path / "local"), "train")]
+    a, b = final_weights(str(tmp_path / "s3")), final_weights(str(tmp_path / "local"))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_mid_epoch_resume_from_s3_gives_the_uninterrupted_weights(sets, tmp_path):
+    assert_resume_is_exact(SCRIPT, ["--data", sets["tfrecord"][1], *TINY, "--epochs", "2", "--checkpoint-every",
+                                    "2"], tmp_path)
+
+
+# ------------------------------------------------------------------------------------------
+# the store fails: one error line, exit status 2, nothing written
+# ------------------------------------------------------------------------------------------
+
+
+def run_fails(url, tmp_path, env=None):
+    out = str(tmp_path / "o")
+    proc = run("--data", url, *TINY, "--output-dir", out, check=False, env={**CPU_ENV, **(env or {})})
+    return proc, out
+
+
+def test_error_no_such_bucket_or_prefix(s3, tmp_path):
+    proc, out = run_fails("s3://nosuchbucket/set", tmp_path)
+    assert_one_line_error(proc, f"s3://nosuchbucket/set/train: no such bucket at {s3.env['AWS_ENDPOINT_URL']}")
+    assert not os.path.exists(out)
+    proc, out = run_fails("s3://bkt/nosuchprefix", tmp_path)
+    assert_one_line_error(proc, "--data s3://bkt/nosuchprefix: expected subfolders train/ and val/")
+    assert not os.path.exists(out)
+
+
+def test_error_no_credentials(sets, tmp_path):
+    proc, out = run_fails(sets["wds"][1], tmp_path, env={"AWS_ACCESS_KEY_ID": "", "AWS_SECRET_ACCESS_KEY": ""})
+    assert_one_line_error(proc, "s3://bkt/wds/train: no AWS credentials found (set AWS_ACCESS_KEY_ID")
+    assert not os.path.exists(out)
+
+
+def test_error_access_denied(s3, tmp_path):
+    # a server that checks credentials after its first three requests: a bucket, a user, the user's key
+    proc, endpoint = start_moto(INITIAL_NO_AUTH_ACTION_COUNT="3")
+    try:
+        access_denied(endpoint, tmp_path)
+    finally:
+        stop(proc)
+
+
+def access_denied(endpoint, tmp_path):
+    admin = dict(endpoint_url=endpoint, aws_access_key_id="testing", aws_secret_access_key="testing",
+                 region_name="us-east-1")
+    boto3.client("s3", **admin).create_bucket(Bucket="locked")
+    iam = boto3.client("iam", **admin)
+    iam.create_user(UserName="nobody")
+    key = iam.create_access_key(UserName="nobody")["AccessKey"]  # a user with no policy: may read nothing
+    for key_id, secret, code in ((key["AccessKeyId"], key["SecretAccessKey"], "AccessDenied"),
+                                 ("unknown", "testing", "InvalidAccessKeyId")):
+        proc, out = run_fails("s3://locked/set", tmp_path, env={"AWS_ENDPOINT_URL": endpoint,
+                                                                "AWS_ACCESS_KEY_ID": key_id,
+                                                                "AWS_SECRET_ACCESS_KEY": secret})
+        assert_one_line_error(proc, f"s3://locked/set/train: access denied ({code}: ", "check the credentials")
+        assert not os.path.exists(out)
+
+
+def test_error_an_endpoint_that_does_not_answer_is_a_bounded_wait(s3, tmp_path):
+    with socket.socket() as silent:  # accepts connections (the kernel does) and never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        endpoint = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        start = time.time()
+        proc, out = run_fails("s3://bkt/wds", tmp_path, env={"AWS_ENDPOINT_URL": endpoint, "AWS_MAX_ATTEMPTS": "1"})
+        took = time.time() - start
+    assert_one_line_error(proc, f"s3://bkt/wds/train: Read timeout on endpoint URL: \"{endpoint}/bkt?",
+                          "check AWS_ENDPOINT_URL")
+    assert pipelines.S3_TIMEOUT <= took < pipelines.S3_TIMEOUT + 30 and not os.path.exists(out)
+    proc, out = run_fails("s3://bkt/wds", tmp_path, env={"AWS_ENDPOINT_URL": f"http://127.0.0.1:{free_port()}"})
+    assert_one_line_error(proc, "s3://bkt/wds/train: Could not connect to the endpoint URL")
+
+
+def test_error_a_shard_without_its_index(s3, sets, tmp_path):
+    url = upload(s3.client, sets["wds"][0], "wds-no-index", skip=lambda name: name == "train-000002.tar.idx")
+    proc, out = run_fails(url, tmp_path)
+    assert_one_line_error(proc, f"{url}/train/train-000002.tar: no index beside it (train-000002.tar.idx and "
+                          f"train-000002.tar.idx.json); index a local copy (python -c \"import pipelines; "
+                          f"pipelines.shard_index('train-000002.tar', 'wds')\") and upload")
+    assert not os.path.exists(os.path.join(out, "metrics.jsonl"))
+
+
+def test_error_a_shard_rewritten_since_its_index(s3, sets, tmp_path):
+    local = sets["tfrecord"][0]
+    url = upload(s3.client, local, "tfrecord-rewritten")
+    with open(os.path.join(local, "train", "train-00000-of-00005"), "rb") as f:
+        shard = bytearray(f.read())
+    shard[100] ^= 1  # one bit of an image: the same size, another digest
+    s3.client.put_object(Bucket="bkt", Key="tfrecord-rewritten/train/train-00000-of-00005", Body=bytes(shard))
+    proc, out = run_fails(url, tmp_path)
+    assert_one_line_error(proc, f"{url}/train/train-00000-of-00005: does not match its index")
+    assert not os.path.exists(os.path.join(out, "metrics.jsonl"))
+
+
+def test_error_a_shard_truncated_mid_run(s3, sets, tmp_path):
+    """Cut short while the run trains, after it checked the shard: DALI's read fails; the line names the shard."""
+    url = upload(s3.client, sets["tfrecord"][0], "tfrecord-truncated")
+    out = str(tmp_path / "o")
+    proc = subprocess.Popen([sys.executable, SCRIPT, "--data", url, *TINY, "--epochs", "2", "--output-dir", out],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=CPU_ENV)
+    deadline = time.time() + 120
+    while not (os.path.exists(os.path.join(out, "metrics.jsonl")) and records(out, "train")):
+        assert proc.poll() is None and time.time() < deadline, proc.stderr.read()
+        time.sleep(0.01)
+    with open(os.path.join(sets["tfrecord"][0], "train", "train-00001-of-00005"), "rb") as f:
+        s3.client.put_object(Bucket="bkt", Key="tfrecord-truncated/train/train-00001-of-00005", Body=f.read(300))
+    _, stderr = proc.communicate(timeout=300)
+    assert_one_line_error(SimpleNamespace(returncode=proc.returncode, stderr=stderr),
+                          f"{url}/train/train-00001-of-00005: changed or gone since this run listed it (DALI: Assert "
+                          f"on \"n_read == size\" failed: Error reading from a file: {url}/train/train-00001-of-00005)")
+    assert len(records(out, "epoch")) < 2  # stopped before the run's end
+
+
+def test_s3_data_without_boto3_is_one_error_line(tmp_path):
+    hide = tmp_path / "hide"  # a sitecustomize that makes boto3 unimportable
+    hide.mkdir()
+    (hide / "sitecustomize.py").write_text("import sys\nsys.modules['boto3'] = None\n")
+    proc, out = run_fails("s3://bkt/wds", tmp_path, env={"PYTHONPATH": str(hide)})
+    assert_one_line_error(proc, "s3:// data needs the boto3 package (pip install boto3)")
+    assert not os.path.exists(out)
+
+
+def test_the_decoder_cache_is_off_for_data_in_object_storage():
+    pipe = SimpleNamespace(device_id=0, read=SimpleNamespace(data_dir="s3://bkt/wds/train"))
+    assert pipelines.plan_decoder_cache("on", [pipe]) == (
+        None, "decoder cache off (on): not for data in object storage, whose images it cannot sample")
+
+
+def test_segmentation_pairs_in_object_storage_are_refused_with_one_line():
+    with pytest.raises(pipelines.DataError, match=r"^s3://bkt/seg/0\.npy: \.npy pairs in object storage are not "
+                                                  r"supported; copy them to a local disk$"):
+        pipelines.fetch_dali_loader(["s3://bkt/seg/0.npy"], ["s3://bkt/seg/0_mask.npy"], 2, "train")
