@@ -155,6 +155,9 @@ def check_paths(src, dst):
     for split in SPLITS:
         if not os.path.isdir(os.path.join(src, split)):
             raise DataError(f"{src}: expected ImageFolder subfolders train/ and val/ in it (no {split}/)")
+    if "://" in dst:  # the trainers read the local set from object storage once it is uploaded as it is
+        raise DataError(f"{dst}: make_shards.py writes to local disk; write there, then upload the folder as it is "
+                        f"(aws s3 sync DST {dst})")
     if os.path.exists(dst) and not os.path.isdir(dst):
         raise DataError(f"{dst}: exists and is not a directory")
     real_src, real_dst = os.path.realpath(src), os.path.realpath(dst)

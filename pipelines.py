@@ -723,6 +723,26 @@ def walk(folder):
     return [os.path.join(root, n) for root, _, names in sorted(os.walk(folder, followlinks=True)) for n in sorted(names)]
 
 
+def isfile(path):
+    """``os.path.isfile``; for an s3:// object, whether its prefix's listing holds it."""
+    return os.path.basename(path) in s3_files(os.path.dirname(path)) if remote(path) else os.path.isfile(path)
+
+
+def read_head(path, n):
+    """The first ``n`` bytes of a file or s3:// object (one ranged request), and its size."""
+    if remote(path):
+        if (size := s3_files(os.path.dirname(path)).get(os.path.basename(path))) is None:
+            raise FileNotFoundError(path)
+        return s3_get(path, f"bytes=0-{n - 1}") if size else b"", size
+    with open(path, "rb") as f:
+        return f.read(n), os.fstat(f.fileno()).st_size
+
+
+def load_npy(path):
+    """A .npy array, memory-mapped; an s3:// one read whole (the checks that read every pixel)."""
+    return np.load(io.BytesIO(s3_get(path))) if remote(path) else np.load(path, mmap_mode="r")
+
+
 def read_bytes(path):
     """A whole (small) file or s3:// object; FileNotFoundError when there is none."""
     if remote(path):
@@ -798,9 +818,9 @@ class ClassifyReader:
         else:
             self.files = shard_files(data_dir, self.layout)
             check_manifest(data_dir, self.files)
-            scan = ThreadPoolExecutor(S3_THREADS).map if remote(data_dir) else map  # remote: the requests overlap
-            indexes, summaries = zip(*progress(scan(shard_index, self.files, [self.layout] * len(self.files)),
-                                               len(self.files), f"{data_dir}: shards indexed"))
+            with ThreadPoolExecutor(S3_THREADS if remote(data_dir) else 1) as pool:  # remote: the requests overlap
+                indexes, summaries = zip(*progress(pool.map(shard_index, self.files, [self.layout] * len(self.files)),
+                                                   len(self.files), f"{data_dir}: shards indexed"))
             self.num_samples = sum(s["samples"] for s in summaries)
             if extra := extra_samples(self.num_samples, num_shards, batch_size, shuffle):
                 indexes = padded_indexes(indexes, self.layout, extra)
@@ -1008,7 +1028,7 @@ def shard_index(shard, layout):
 def shard_digest(shard, ends=1 << 16):
     """SHA-1 of a shard's first and last ``ends`` bytes: a rewrite with other samples changes them."""
     if remote(shard):  # two ranged reads
-        head, size = s3_get(shard, f"bytes=0-{ends - 1}"), s3_files(os.path.dirname(shard))[os.path.basename(shard)]
+        head, size = read_head(shard, ends)
         return hashlib.sha1(head + (s3_get(shard, f"bytes={max(len(head), size - ends)}-") if size > len(head)
                                     else b"")).hexdigest()
     with open(shard, "rb") as f:
@@ -1236,7 +1256,7 @@ def decode_errors_named(pipe):
     try:
         yield
     except RuntimeError as e:
-        dali = (str(e).split("encountered:")[-1].strip() or "?").splitlines()[0]  # its words, after its traceback
+        dali = (str(e).split("encountered:")[-1].strip(" :\n") or "?").splitlines()[0]  # its words, after its traceback
         if remote(pipe.read.data_dir):  # searching for the culprit would read the whole set back through Python
             changed = find_changed(pipe)
             raise DataError(f"{changed}: changed or gone since this run listed it (DALI: {dali})" if changed else
@@ -1274,15 +1294,14 @@ def _npy_shape(path):
     """Shape and dtype from a .npy header, read without the array data; ``DataError`` when the file is missing,
     not a .npy array, or shorter than its header says (a truncated copy)."""
     try:
-        with open(path, "rb") as f:
-            head = f.read(NPY_PREFIX)
-            size = os.fstat(f.fileno()).st_size
-            if not head.startswith(NPY_MAGIC):
-                raise DataError(f"{path}: not a .npy array (it does not start with numpy's magic string)")
-            # magic (6 bytes), version (2), header length (2 bytes in version 1, 4 after), header
-            start = 10 if head[6:7] == b"\x01" else 12
-            end = start + int.from_bytes(head[8:start], "little")
-            head += f.read(max(0, end - len(head)))
+        head, size = read_head(path, NPY_PREFIX)
+        if not head.startswith(NPY_MAGIC):
+            raise DataError(f"{path}: not a .npy array (it does not start with numpy's magic string)")
+        # magic (6 bytes), version (2), header length (2 bytes in version 1, 4 after), header
+        start = 10 if head[6:7] == b"\x01" else 12
+        end = start + int.from_bytes(head[8:start], "little")
+        if end > len(head):
+            head, size = read_head(path, end)
     except FileNotFoundError:
         raise DataError(f"{path}: no such file") from None
     except OSError as e:
@@ -1300,23 +1319,24 @@ def _npy_shape(path):
 def read_split(prepared_root, split):
     """(images, masks): absolute ``.npy`` paths of ``prepared_root/csv_file/<split>.csv``."""
     path = os.path.join(prepared_root, "csv_file", f"{split}.csv")
-    if not os.path.isfile(path):
-        raise DataError(f"{path}: no such file (expected a split written by make_csv_file_npy)")
+    try:
+        reader = csv.reader(io.StringIO(read_bytes(path).decode("utf-8"), newline=""))
+    except (FileNotFoundError, IsADirectoryError):
+        raise DataError(f"{path}: no such file (expected a split written by make_csv_file_npy)") from None
     imgs, lbls = [], []
-    with open(path, newline="") as f:
-        reader = csv.reader(f)
-        header = next(reader, None)
-        if header != CSV_HEADER:
-            raise DataError(f"{path}: header is {header}, expected {','.join(CSV_HEADER)}")
-        for row in reader:
-            if len(row) != 3:
-                raise DataError(f"{path} line {reader.line_num}: expected 3 columns ({','.join(CSV_HEADER)}), got {row}")
-            image, mask = (os.path.abspath(os.path.join(prepared_root, rel)) for rel in row[1:])
-            for file in (image, mask):
-                if not os.path.isfile(file):
-                    raise DataError(f"{path} row index {row[0]}: {file}: no such file")
-            imgs.append(image)
-            lbls.append(mask)
+    header = next(reader, None)
+    if header != CSV_HEADER:
+        raise DataError(f"{path}: header is {header}, expected {','.join(CSV_HEADER)}")
+    for row in reader:
+        if len(row) != 3:
+            raise DataError(f"{path} line {reader.line_num}: expected 3 columns ({','.join(CSV_HEADER)}), got {row}")
+        image, mask = (os.path.join(prepared_root, rel) if remote(prepared_root) else
+                       os.path.abspath(os.path.join(prepared_root, rel)) for rel in row[1:])
+        for file in (image, mask):
+            if not isfile(file):
+                raise DataError(f"{path} row index {row[0]}: {file}: no such file")
+        imgs.append(image)
+        lbls.append(mask)
     if not imgs:
         raise DataError(f"{path}: no rows after its header (expected {','.join(CSV_HEADER)} rows, one per pair)")
     return imgs, lbls
@@ -1325,7 +1345,7 @@ def read_split(prepared_root, split):
 def first_nonfinite(paths, threads=8):
     """The first of the float ``paths`` holding a NaN or an infinity, or None: each is read once, on ``threads``."""
     with ThreadPoolExecutor(max(1, threads or 1)) as pool:
-        finite = pool.map(lambda path: bool(np.isfinite(np.load(path, mmap_mode="r")).all()), paths)
+        finite = pool.map(lambda path: bool(np.isfinite(load_npy(path)).all()), paths)
         return next((path for path, ok in zip(paths, finite) if not ok), None)
 
 
@@ -1333,7 +1353,7 @@ def first_mask_above(lbls, limit, threads=8):
     """(path, largest value) of the first mask in ``lbls`` that holds a value above ``limit``, or None: every mask is
     read, on ``threads`` threads."""
     with ThreadPoolExecutor(threads) as pool:
-        largest = pool.map(lambda path: int(np.load(path, mmap_mode="r").max()), lbls)
+        largest = pool.map(lambda path: int(load_npy(path).max()), lbls)
         return next(((path, value) for path, value in zip(lbls, largest) if value > limit), None)
 
 
@@ -1351,9 +1371,8 @@ def check_segmentation_files(imgs, lbls):
         raise DataError("got an empty list of images")
     if len(imgs) != len(lbls):
         raise DataError(f"got {len(imgs)} images but {len(lbls)} masks (first image: {imgs[0]})")
-    if remote(imgs[0]) or remote(lbls[0]):  # DALI's Numpy reader reads them, but these checks read them from Python
-        raise DataError(f"{imgs[0]}: .npy pairs in object storage are not supported; copy them to a local disk")
-    headers = [_npy_shape(path) for path in imgs + lbls]
+    with ThreadPoolExecutor(S3_THREADS if remote(imgs[0]) else 1) as pool:  # remote: the requests overlap
+        headers = list(pool.map(_npy_shape, imgs + lbls))
     first_image, first_mask = headers[0], headers[len(imgs)]
     for img, lbl, image, mask in zip(imgs, lbls, headers, headers[len(imgs):]):
         (image_shape, image_dtype), (mask_shape, mask_dtype) = image, mask

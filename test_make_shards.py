@@ -291,6 +291,9 @@ def test_bad_input_is_one_error_line(src, tmp_path, capsys):
     (tmp_path / "file").write_text("x")
     assert run_main(capsys, src, tmp_path / "file", *fmt) == (2, f"error: {tmp_path / 'file'}: exists and is not a "
                                                                  f"directory")
+    assert run_main(capsys, src, "s3://bkt/set", *fmt) == (
+        2, "error: s3://bkt/set: make_shards.py writes to local disk; write there, then upload the folder as it is "
+           "(aws s3 sync DST s3://bkt/set)")
     assert run_main(capsys, src, src, *fmt) == (2, f"error: {src}: must not be SRC or inside SRC's train/ or val/")
     (tmp_path / "mine" / "train").mkdir(parents=True)
     (tmp_path / "mine" / "train" / "notes.md").write_text("keep me")

@@ -28,8 +28,8 @@ import torch.distributed as dist
 import torchvision
 from torch import nn
 
-from pipelines import (DataError, StopSignals, alongside, atomic_open, fetch_dali_loader, first_mask_above, read_split,
-                       run_main, save_overlay, segment_iterator)
+from pipelines import (DataError, StopSignals, alongside, atomic_open, fetch_dali_loader, first_mask_above, isdir,
+                       read_split, remote, run_main, save_overlay, segment_iterator)
 
 RUNS_DIR = "runs/segment"
 # --data demo: a small, quick run; flags given on the command line still win.
@@ -43,8 +43,8 @@ def get_args_parser(add_help=True):
     # A bad flag ends the run as every usage error does: one `error:` line, exit status 2.
     parser.error = lambda message: parser.exit(2, f"error: {message}\n")
     g = parser.add_argument_group("data")
-    g.add_argument("--data", "--data-path", required=True, help="prepared root (csv_file/), PNG root (Images/, "
-                   "Masks/: prepared into <root>/npy), or 'demo' for a built-in synthetic set (demo also changes the "
+    g.add_argument("--data", "--data-path", required=True, help="prepared root (csv_file/; local or s3://), PNG root "
+                   "(Images/, Masks/: prepared into <root>/npy), or 'demo' for a built-in synthetic set (demo also changes the "
                    "defaults to: " + ", ".join(f"--{k.replace('_', '-')} {v}" for k, v in DEMO_DEFAULTS.items()) + ")")
     g.add_argument("--num-classes", type=at_least_1, default=1, help="1: binary (BCE + Dice); more: CE + Dice")
     g.add_argument("--size", type=number(int, "a multiple of 32 (the models down-sample by up to 32)",
@@ -467,10 +467,11 @@ def build_model(args, ddp, data, log):
 
 def locate_data(args, ddp):
     """--data as a prepared root (csv_file/ inside): the demo set and PNG roots are prepared first, once per node."""
-    if args.data != "demo" and not os.path.isdir(args.data):
+    local = not remote(args.data)  # an s3:// prefix holds a prepared root: data_processing.py writes to local disk
+    if args.data != "demo" and not isdir(args.data if local else os.path.join(args.data, "csv_file")):
         raise UsageError(f"--data {args.data}: no such directory (expected a prepared root with csv_file/, "
-                         f"a PNG root with Images/ and Masks/, or --data demo)")
-    if args.data == "demo" or not os.path.isdir(os.path.join(args.data, "csv_file")):
+                         f"a PNG root with Images/ and Masks/ (not s3://), or --data demo)")
+    if args.data == "demo" or (local and not os.path.isdir(os.path.join(args.data, "csv_file"))):
         from data_processing import prepare  # needed only to build or convert a PNG set
         root = DEMO_DIR if args.data == "demo" else args.data
         if ddp.local_rank == 0:  # one process per node builds or converts the data, the others wait at the barrier
