@@ -142,6 +142,31 @@ def test_training_from_s3_ends_with_the_weights_of_training_from_local_disk(sets
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@gpu
+def test_mixed_decode_on_the_gpu_of_s3_bytes_gives_the_batches_of_local_disk(sets):
+    local, url = sets["tfrecord"]
+    args = dict(num_threads=2, device_id=0, crop_size=32, seed=7)
+    pipes = [pipelines.ClassifyTrainPipeline(4, data_dir=os.path.join(d, "train"), **args) for d in (local, url)]
+    (images, labels), (s3_images, s3_labels) = map(epoch, pipes)
+    assert images.is_cuda and images.shape == (24, 3, 32, 32) and torch.equal(labels.cpu(), s3_labels.cpu())
+    assert (images - s3_images).abs().max().item() <= 1 / 255 / 0.224  # the same bytes: one 8-bit level at most
+
+
+@gpu
+def test_training_on_the_gpu_from_s3_logs_the_layout_and_keeps_the_cache_off(sets, tmp_path):
+    url, out = sets["tfrecord"][1], str(tmp_path / "gpu")
+    proc = run("--data", url, *[f for f in TINY if f not in ("--dali-device", "cpu")], "--decoder-cache", "on",
+               "--output-dir", out, env={**os.environ, **{k: v for k, v in CPU_ENV.items() if k.startswith("AWS")}})
+    assert proc.stdout.splitlines()[0].endswith(f"data {url}: tfrecord, 24 train and 24 val samples, 2 classes")
+    (decision,) = records(out, "decoder_cache")
+    assert decision["mb"] is None and records(out, "config")[0]["args"]["dali_device"] == "gpu"
+    (last,) = records(out, "epoch")
+    assert last["epoch"] == 1 and 0 <= last["val_top1"] <= 100
+
+
 def test_mid_epoch_resume_from_s3_gives_the_uninterrupted_weights(sets, tmp_path):
     assert_resume_is_exact(SCRIPT, ["--data", sets["tfrecord"][1], *TINY, "--epochs", "2", "--checkpoint-every",
                                     "2"], tmp_path)
