@@ -160,7 +160,9 @@ def test_training_on_the_gpu_from_s3_logs_the_layout_and_keeps_the_cache_off(set
     url, out = sets["tfrecord"][1], str(tmp_path / "gpu")
     proc = run("--data", url, *[f for f in TINY if f not in ("--dali-device", "cpu")], "--decoder-cache", "on",
                "--output-dir", out, env={**os.environ, **{k: v for k, v in CPU_ENV.items() if k.startswith("AWS")}})
-    assert proc.stdout.splitlines()[0].endswith(f"data {url}: tfrecord, 24 train and 24 val samples, 2 classes")
+    lines = proc.stdout.splitlines()  # on a GPU the cache's decision comes first
+    assert lines[0] == "decoder cache off (on): not for data in object storage, whose images it cannot sample"
+    assert lines[1].endswith(f"data {url}: tfrecord, 24 train and 24 val samples, 2 classes"), lines[:3]
     (decision,) = records(out, "decoder_cache")
     assert decision["mb"] is None and records(out, "config")[0]["args"]["dali_device"] == "gpu"
     (last,) = records(out, "epoch")
