@@ -702,6 +702,21 @@ def s3_get(url, byte_range=None):
         return s3.get_object(Bucket=bucket, Key=key, **({"Range": byte_range} if byte_range else {}))["Body"].read()
 
 
+def overlapped(fn, items, parallel):
+    """``map(fn, items)``, in order; on ``S3_THREADS`` threads when ``parallel`` (requests to object storage, which
+    overlap), in this thread otherwise."""
+    if not parallel:
+        yield from map(fn, items)
+        return
+    with ThreadPoolExecutor(S3_THREADS) as pool:
+        yield from pool.map(fn, items)
+
+
+def s3_size(url):
+    """The size of an s3:// object from its prefix's one listing, or None when there is no such object."""
+    return s3_files(os.path.dirname(url)).get(os.path.basename(url))
+
+
 def isdir(path):
     """``os.path.isdir``; for an s3:// prefix, whether any object is under it."""
     return bool(s3_files(path)) if remote(path) else os.path.isdir(path)
@@ -725,13 +740,13 @@ def walk(folder):
 
 def isfile(path):
     """``os.path.isfile``; for an s3:// object, whether its prefix's listing holds it."""
-    return os.path.basename(path) in s3_files(os.path.dirname(path)) if remote(path) else os.path.isfile(path)
+    return s3_size(path) is not None if remote(path) else os.path.isfile(path)
 
 
 def read_head(path, n):
     """The first ``n`` bytes of a file or s3:// object (one ranged request), and its size."""
     if remote(path):
-        if (size := s3_files(os.path.dirname(path)).get(os.path.basename(path))) is None:
+        if (size := s3_size(path)) is None:
             raise FileNotFoundError(path)
         return s3_get(path, f"bytes=0-{n - 1}") if size else b"", size
     with open(path, "rb") as f:
@@ -818,9 +833,9 @@ class ClassifyReader:
         else:
             self.files = shard_files(data_dir, self.layout)
             check_manifest(data_dir, self.files)
-            with ThreadPoolExecutor(S3_THREADS if remote(data_dir) else 1) as pool:  # remote: the requests overlap
-                indexes, summaries = zip(*progress(pool.map(shard_index, self.files, [self.layout] * len(self.files)),
-                                                   len(self.files), f"{data_dir}: shards indexed"))
+            index = functools.partial(shard_index, layout=self.layout)
+            indexes, summaries = zip(*progress(overlapped(index, self.files, remote(data_dir)), len(self.files),
+                                               f"{data_dir}: shards indexed"))
             self.num_samples = sum(s["samples"] for s in summaries)
             if extra := extra_samples(self.num_samples, num_shards, batch_size, shuffle):
                 indexes = padded_indexes(indexes, self.layout, extra)
@@ -884,9 +899,7 @@ def padded_indexes(indexes, layout, extra):
     """Copies of DALI's index files of a set of shards with ``extra`` records repeated (see ``repeats``), in a
     temporary folder of this process."""
     header = 1 if layout == "wds" else 0  # "v1.2 <samples>"
-    lines = []
-    for index in indexes:
-        lines.append(read_bytes(index).decode().splitlines())
+    lines = [read_bytes(index).decode().splitlines() for index in indexes]
     for k, line in repeats([(k, line) for k, ls in enumerate(lines) for line in ls[header:]], extra):
         lines[k].append(line)
     folder = tempfile.mkdtemp(prefix="dali-index-")
@@ -1371,8 +1384,7 @@ def check_segmentation_files(imgs, lbls):
         raise DataError("got an empty list of images")
     if len(imgs) != len(lbls):
         raise DataError(f"got {len(imgs)} images but {len(lbls)} masks (first image: {imgs[0]})")
-    with ThreadPoolExecutor(S3_THREADS if remote(imgs[0]) else 1) as pool:  # remote: the requests overlap
-        headers = list(pool.map(_npy_shape, imgs + lbls))
+    headers = list(overlapped(_npy_shape, imgs + lbls, remote(imgs[0])))
     first_image, first_mask = headers[0], headers[len(imgs)]
     for img, lbl, image, mask in zip(imgs, lbls, headers, headers[len(imgs):]):
         (image_shape, image_dtype), (mask_shape, mask_dtype) = image, mask
