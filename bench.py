@@ -55,12 +55,19 @@ import torch.nn.functional as F
 import torchvision
 import torchvision.transforms as T
 import torchvision.transforms.functional as TF
+from nvidia.dali import ops, types
+from nvidia.dali.pipeline import Pipeline
 from PIL import Image, ImageDraw, ImageEnhance
 from torch.utils.data import DataLoader, Dataset, RandomSampler
 from torchvision.datasets import ImageFolder
-from nvidia.dali import ops, types
-from nvidia.dali.pipeline import Pipeline
 
+from data_sources import (
+    atomic_open,
+    check_segmentation_files,
+    decoded_size,
+    list_image_folder,
+    progress,
+)
 from make_shards import make_shards
 from pipelines import (
     DEFAULT_HW_DECODER_LOAD,
@@ -68,13 +75,8 @@ from pipelines import (
     IMAGENET_STD,
     ClassifyTrainPipeline,
     ClassifyValPipeline,
-    atomic_open,
-    check_segmentation_files,
     classify_iterator,
-    decoded_size,
     fetch_dali_loader,
-    list_image_folder,
-    progress,
     segment_iterator,
 )
 
@@ -90,12 +92,31 @@ SWEEP_HW_DECODER_LOADS = (0.0, 0.5, 0.75, 0.9, 1.0)
 SWEEP_THREADS = (8, 12, 16)
 # Tried one at a time at the grid's best point: deeper prefetch, half-precision output, DALI 2.x's
 # executor choices (the dynamic executor is the default) and thread pinning near the GPU.
-SWEEP_OPTIONS = (("prefetch_queue_depth", 3), ("prefetch_queue_depth", 4), ("dtype", "float16"),
-                 ("exec_dynamic", False), ("set_affinity", True))
+SWEEP_OPTIONS = (
+    ("prefetch_queue_depth", 3),
+    ("prefetch_queue_depth", 4),
+    ("dtype", "float16"),
+    ("exec_dynamic", False),
+    ("set_affinity", True),
+)
 # scikit-image sample photos shipped inside its wheel (none is downloaded): colour photos first, then
 # grayscale ones of textured surfaces, which JPEG finds as hard as foliage or fur.
-SKIMAGE_PHOTOS = ("astronaut", "coffee", "chelsea", "rocket", "hubble_deep_field", "immunohistochemistry",
-                  "retina", "stereo_motorcycle", "brick", "grass", "gravel", "camera", "coins", "moon")
+SKIMAGE_PHOTOS = (
+    "astronaut",
+    "coffee",
+    "chelsea",
+    "rocket",
+    "hubble_deep_field",
+    "immunohistochemistry",
+    "retina",
+    "stereo_motorcycle",
+    "brick",
+    "grass",
+    "gravel",
+    "camera",
+    "coins",
+    "moon",
+)
 
 START = time.perf_counter()
 
@@ -115,72 +136,157 @@ def log(message):
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--data", metavar="DIR",
-                   help="ImageFolder tree <dir>/<class>/<image> to read (default: generate an ImageNet-like "
-                        "JPEG set under --cache-dir)")
-    p.add_argument("--cache-dir", metavar="DIR", default=".cache",
-                   help="where generated sets live, in bench-jpegs/ and bench-seg/ (default: .cache)")
-    p.add_argument("--num-images", metavar="N", type=int,
-                   help="JPEGs to generate (default: 8192; --quick: 64)")
-    p.add_argument("--seg-samples", metavar="N", type=int,
-                   help="image/mask .npy pairs to generate, 512x512 (default: 256; --quick: 16 of 128x128)")
-    p.add_argument("--batch-size", metavar="N", type=int,
-                   help="classification batch size (default: 256; --quick: 16)")
-    p.add_argument("--seg-batch-size", metavar="N", type=int,
-                   help="segmentation batch size (default: 32; --quick: 4)")
-    p.add_argument("--workers", metavar="N", type=int,
-                   help="DataLoader workers = DALI threads = generator processes (default: the CPUs this "
-                        "process may run on, os.cpu_count() unless it is pinned)")
-    p.add_argument("--gpu-threads", metavar="N", type=int,
-                   help="DALI threads of the pipelines that run on the GPU (mixed decode, GPU segmentation, the "
-                        "end-to-end section) (default: the smaller of 8 and --workers, the trainers' default -j; "
-                        "on the H200 16 threads delivered less than 8: README)")
-    p.add_argument("--warmup", metavar="N", type=int,
-                   help="batches (or training steps) run before timing (default: workers + 4, so the "
-                        "DataLoader's first burst, one batch from every worker at once, is not timed; "
-                        "--quick: 2)")
-    p.add_argument("--iters", metavar="N", type=int,
-                   help="batches (or training steps) timed (default: 50; --quick: 4)")
-    p.add_argument("--max-seconds", metavar="S", type=float, default=15.0,
-                   help="stop timing a loader earlier once this many seconds are spent (default: 15)")
-    p.add_argument("--models", metavar="LIST", default="resnet50,resnet18",
-                   help="torchvision models for the end-to-end section, comma-separated "
-                        "(default: resnet50,resnet18)")
-    p.add_argument("--only", metavar="LIST",
-                   help="only the classification loaders whose names contain one of these comma-separated words "
-                        "(and the end-to-end rows they feed); skips the decoder and segmentation sections")
-    p.add_argument("--hw-decoder-load", metavar="F", type=float, default=DEFAULT_HW_DECODER_LOAD,
-                   help=f"share of JPEG decoding on the GPU's hardware decoder, for the mixed-decode "
-                        f"pipeline (default: {DEFAULT_HW_DECODER_LOAD})")
-    p.add_argument("--prefetch-queue-depth", metavar="N", type=int, default=2,
-                   help="batches each DALI pipeline prepares ahead (default: 2)")
-    p.add_argument("--sweep", action="store_true",
-                   help=f"also time the mixed-decode loader for hw_decoder_load in {SWEEP_HW_DECODER_LOADS} "
-                        f"x threads in {SWEEP_THREADS} (GPU only; about a minute)")
-    p.add_argument("--json", metavar="PATH", default="bench.json",
-                   help="where to write the results (default: bench.json)")
-    p.add_argument("--ddp", action="store_true",
-                   help="under torchrun: training img/s on 1 GPU and on all of them, DALI-fed and synthetic, and the "
-                        "scaling (GPU only; workers default to this process's share of the CPUs)")
-    p.add_argument("--seg-startup", metavar="N", type=int,
-                   help="only time building a segmentation pipeline over N pairs of tiny .npy files (written once "
-                        "under --cache-dir) with a warm page cache: the header checks, the pipeline, its first batch")
-    p.add_argument("--startup", metavar="N", type=int,
-                   help="only time train_classify.py from the command to its first training step (and its peak "
-                        "memory) on an ImageFolder tree of N training images in 1000 classes and N / 25.6 val images "
-                        "(ImageNet: 1281167), made once under --cache-dir of hardlinks to the JPEG set; first of "
-                        "--models, --batch-size, --workers DALI threads")
-    p.add_argument("--quick", action="store_true",
-                   help="smoke test: 64 JPEGs, 16 pairs of 128x128 .npy, a few small batches; seconds on 2 CPU "
-                        "cores (with a GPU it runs the GPU sections too, as small)")
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "--data",
+        metavar="DIR",
+        help="ImageFolder tree <dir>/<class>/<image> to read (default: generate an ImageNet-like "
+        "JPEG set under --cache-dir)",
+    )
+    p.add_argument(
+        "--cache-dir",
+        metavar="DIR",
+        default=".cache",
+        help="where generated sets live, in bench-jpegs/ and bench-seg/ (default: .cache)",
+    )
+    p.add_argument(
+        "--num-images", metavar="N", type=int, help="JPEGs to generate (default: 8192; --quick: 64)"
+    )
+    p.add_argument(
+        "--seg-samples",
+        metavar="N",
+        type=int,
+        help="image/mask .npy pairs to generate, 512x512 (default: 256; --quick: 16 of 128x128)",
+    )
+    p.add_argument(
+        "--batch-size",
+        metavar="N",
+        type=int,
+        help="classification batch size (default: 256; --quick: 16)",
+    )
+    p.add_argument(
+        "--seg-batch-size",
+        metavar="N",
+        type=int,
+        help="segmentation batch size (default: 32; --quick: 4)",
+    )
+    p.add_argument(
+        "--workers",
+        metavar="N",
+        type=int,
+        help="DataLoader workers = DALI threads = generator processes (default: the CPUs this "
+        "process may run on, os.cpu_count() unless it is pinned)",
+    )
+    p.add_argument(
+        "--gpu-threads",
+        metavar="N",
+        type=int,
+        help="DALI threads of the pipelines that run on the GPU (mixed decode, GPU segmentation, the "
+        "end-to-end section) (default: the smaller of 8 and --workers, the trainers' default -j; "
+        "on the H200 16 threads delivered less than 8: README)",
+    )
+    p.add_argument(
+        "--warmup",
+        metavar="N",
+        type=int,
+        help="batches (or training steps) run before timing (default: workers + 4, so the "
+        "DataLoader's first burst, one batch from every worker at once, is not timed; "
+        "--quick: 2)",
+    )
+    p.add_argument(
+        "--iters",
+        metavar="N",
+        type=int,
+        help="batches (or training steps) timed (default: 50; --quick: 4)",
+    )
+    p.add_argument(
+        "--max-seconds",
+        metavar="S",
+        type=float,
+        default=15.0,
+        help="stop timing a loader earlier once this many seconds are spent (default: 15)",
+    )
+    p.add_argument(
+        "--models",
+        metavar="LIST",
+        default="resnet50,resnet18",
+        help="torchvision models for the end-to-end section, comma-separated "
+        "(default: resnet50,resnet18)",
+    )
+    p.add_argument(
+        "--only",
+        metavar="LIST",
+        help="only the classification loaders whose names contain one of these comma-separated words "
+        "(and the end-to-end rows they feed); skips the decoder and segmentation sections",
+    )
+    p.add_argument(
+        "--hw-decoder-load",
+        metavar="F",
+        type=float,
+        default=DEFAULT_HW_DECODER_LOAD,
+        help=f"share of JPEG decoding on the GPU's hardware decoder, for the mixed-decode "
+        f"pipeline (default: {DEFAULT_HW_DECODER_LOAD})",
+    )
+    p.add_argument(
+        "--prefetch-queue-depth",
+        metavar="N",
+        type=int,
+        default=2,
+        help="batches each DALI pipeline prepares ahead (default: 2)",
+    )
+    p.add_argument(
+        "--sweep",
+        action="store_true",
+        help=f"also time the mixed-decode loader for hw_decoder_load in {SWEEP_HW_DECODER_LOADS} "
+        f"x threads in {SWEEP_THREADS} (GPU only; about a minute)",
+    )
+    p.add_argument(
+        "--json",
+        metavar="PATH",
+        default="bench.json",
+        help="where to write the results (default: bench.json)",
+    )
+    p.add_argument(
+        "--ddp",
+        action="store_true",
+        help="under torchrun: training img/s on 1 GPU and on all of them, DALI-fed and synthetic, and the "
+        "scaling (GPU only; workers default to this process's share of the CPUs)",
+    )
+    p.add_argument(
+        "--seg-startup",
+        metavar="N",
+        type=int,
+        help="only time building a segmentation pipeline over N pairs of tiny .npy files (written once "
+        "under --cache-dir) with a warm page cache: the header checks, the pipeline, its first batch",
+    )
+    p.add_argument(
+        "--startup",
+        metavar="N",
+        type=int,
+        help="only time train_classify.py from the command to its first training step (and its peak "
+        "memory) on an ImageFolder tree of N training images in 1000 classes and N / 25.6 val images "
+        "(ImageNet: 1281167), made once under --cache-dir of hardlinks to the JPEG set; first of "
+        "--models, --batch-size, --workers DALI threads",
+    )
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="smoke test: 64 JPEGs, 16 pairs of 128x128 .npy, a few small batches; seconds on 2 CPU "
+        "cores (with a GPU it runs the GPU sections too, as small)",
+    )
     args = p.parse_args(argv)
 
     quick = args.quick
-    defaults = dict(num_images=64 if quick else 8192, seg_samples=16 if quick else 256,
-                    batch_size=16 if quick else 256, seg_batch_size=4 if quick else 32,
-                    workers=max(1, usable_cpus() // int(os.environ.get("WORLD_SIZE", 1))),
-                    iters=4 if quick else 50)
+    defaults = dict(
+        num_images=64 if quick else 8192,
+        seg_samples=16 if quick else 256,
+        batch_size=16 if quick else 256,
+        seg_batch_size=4 if quick else 32,
+        workers=max(1, usable_cpus() // int(os.environ.get("WORLD_SIZE", 1))),
+        iters=4 if quick else 50,
+    )
     for name, value in defaults.items():
         if getattr(args, name) is None:
             setattr(args, name, value)
@@ -189,7 +295,15 @@ def parse_args(argv=None):
     if args.warmup is None:
         args.warmup = 2 if quick else args.workers + 4
     args.seg_side = 128 if quick else 512
-    for name in ("num_images", "seg_samples", "batch_size", "seg_batch_size", "workers", "gpu_threads", "iters"):
+    for name in (
+        "num_images",
+        "seg_samples",
+        "batch_size",
+        "seg_batch_size",
+        "workers",
+        "gpu_threads",
+        "iters",
+    ):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be at least 1")
     for model in args.models.split(","):
@@ -207,9 +321,9 @@ def fractal_noise(rng, h, w, octaves, falloff):
     """Upsampled random grids from coarse to fine, each weaker by ``falloff``: natural images' 1/f look."""
     field = np.zeros((h, w), np.float32)
     for octave in range(octaves):
-        cells = 3 * 2 ** octave
+        cells = 3 * 2**octave
         grid = Image.fromarray(rng.standard_normal((cells, cells), dtype=np.float32))
-        field += falloff ** octave * np.asarray(grid.resize((w, h), Image.BICUBIC))
+        field += falloff**octave * np.asarray(grid.resize((w, h), Image.BICUBIC))
     return field / field.std()
 
 
@@ -244,8 +358,10 @@ def procedural_image(rng, h, w):
         elif shape == 1:
             draw.rectangle([x0, y0, x1, y1], fill=fill)
         else:
-            draw.polygon([(rng.uniform(x0, x1), rng.uniform(y0, y1)) for _ in range(rng.integers(3, 7))],
-                         fill=fill)
+            draw.polygon(
+                [(rng.uniform(x0, x1), rng.uniform(y0, y1)) for _ in range(rng.integers(3, 7))],
+                fill=fill,
+            )
 
     # Fine texture (foliage, fabric, fur) in some regions only.
     detail = Image.fromarray(rng.standard_normal((h * 2 // 3, w * 2 // 3), dtype=np.float32))
@@ -264,11 +380,14 @@ def photo_image(rng, photos, h, w):
     ch = min(ph, round(math.sqrt(area / aspect)))
     cw = min(pw, round(ch * aspect))
     y, x = rng.integers(0, ph - ch + 1), rng.integers(0, pw - cw + 1)
-    image = Image.fromarray(photo[y:y + ch, x:x + cw]).resize((w, h), Image.BICUBIC)
+    image = Image.fromarray(photo[y : y + ch, x : x + cw]).resize((w, h), Image.BICUBIC)
     if rng.random() < 0.5:
         image = image.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
-    for enhance, low, high in ((ImageEnhance.Brightness, 0.7, 1.3), (ImageEnhance.Contrast, 0.7, 1.3),
-                               (ImageEnhance.Color, 0.5, 1.5)):
+    for enhance, low, high in (
+        (ImageEnhance.Brightness, 0.7, 1.3),
+        (ImageEnhance.Contrast, 0.7, 1.3),
+        (ImageEnhance.Color, 0.5, 1.5),
+    ):
         image = enhance(image).enhance(rng.uniform(low, high))
     # A channel shuffle stands in for a hue shift, so a dozen photos give many different colourings;
     # grain puts back the sensor noise of a camera's photo that the clean, often upscaled crops lack.
@@ -287,11 +406,15 @@ def load_photos():
     for name in SKIMAGE_PHOTOS:
         try:
             photo = getattr(data, name)()
-        except Exception as e:  # a scikit-image that does not bundle this one would try to download it
+        except (
+            Exception
+        ) as e:  # a scikit-image that does not bundle this one would try to download it
             log(f"skipping skimage.data.{name}: {type(e).__name__}: {e}")
             continue
         photo = photo[0] if name == "stereo_motorcycle" else photo  # (left, right, disparity)
-        photos.append(np.ascontiguousarray(np.dstack([photo] * 3) if photo.ndim == 2 else photo[..., :3]))
+        photos.append(
+            np.ascontiguousarray(np.dstack([photo] * 3) if photo.ndim == 2 else photo[..., :3])
+        )
     return photos
 
 
@@ -317,7 +440,9 @@ def write_jpeg(root, i):
 
 def seg_paths(root, i):
     # the layout data_processing.make_csv_file_npy reads, so train_segment.py can use the set too
-    return os.path.join(root, "Images", "1", f"{i:06d}.npy"), os.path.join(root, "Masks", "1", f"{i:06d}.npy")
+    return os.path.join(root, "Images", "1", f"{i:06d}.npy"), os.path.join(
+        root, "Masks", "1", f"{i:06d}.npy"
+    )
 
 
 def write_seg_pair(root, side, i):
@@ -350,7 +475,9 @@ def generate(root, what, count, paths, write, workers, photos=()):
         os.makedirs(directory, exist_ok=True)
     log(f"generating {len(todo)} {what} in {root} with {workers} processes")
     # fork: the workers inherit the imported modules instead of importing torch and DALI again.
-    with multiprocessing.get_context("fork").Pool(workers, _init_generator, (list(photos),)) as pool:
+    with multiprocessing.get_context("fork").Pool(
+        workers, _init_generator, (list(photos),)
+    ) as pool:
         step = math.ceil(len(todo) / 10)
         for done, _ in enumerate(pool.imap_unordered(write, todo, chunksize=8), 1):
             if done % step == 0 or done == len(todo):
@@ -366,56 +493,90 @@ def jpeg_set(args):
     photos = load_photos()
     source = "skimage-photos" if photos else "procedural"
     root = os.path.join(args.cache_dir, "bench-jpegs", f"n{args.num_images}-{source}")
-    generate(root, "JPEGs", args.num_images, lambda i: [jpeg_path(root, i)], partial(write_jpeg, root),
-             args.workers, photos)
+    generate(
+        root,
+        "JPEGs",
+        args.num_images,
+        lambda i: [jpeg_path(root, i)],
+        partial(write_jpeg, root),
+        args.workers,
+        photos,
+    )
     return root, source
 
 
 def shard_sets(args):
     """{"tfrecord": dir, "wds": dir}: the JPEG set written by make_shards.py in both formats (its train split)."""
-    src = os.path.join(args.cache_dir, "bench-shards", os.path.basename(os.path.normpath(args.data_dir)))
+    src = os.path.join(
+        args.cache_dir, "bench-shards", os.path.basename(os.path.normpath(args.data_dir))
+    )
     out = {}
     for fmt in ("tfrecord", "wds"):
         dst = f"{src}-{fmt}"
         if not os.path.exists(os.path.join(dst, "manifest.json")):
             os.makedirs(src, exist_ok=True)
-            for split in ("train", "val"):  # make_shards reads train/ and val/: both are the JPEG set
+            for split in (
+                "train",
+                "val",
+            ):  # make_shards reads train/ and val/: both are the JPEG set
                 if not os.path.lexists(os.path.join(src, split)):
                     os.symlink(os.path.abspath(args.data_dir), os.path.join(src, split))
             log(f"writing the JPEGs as {fmt} shards into {dst}")
-            make_shards(src, dst, fmt, shard_size=1024, seed=SEED, workers=args.workers, overwrite=True)  # bench's own cache
+            make_shards(
+                src, dst, fmt, shard_size=1024, seed=SEED, workers=args.workers, overwrite=True
+            )  # bench's own cache
         out[fmt] = os.path.join(dst, "train")
     return out
 
 
 def seg_set(args):
     root = os.path.join(args.cache_dir, "bench-seg", f"n{args.seg_samples}-{args.seg_side}px")
-    generate(root, "image/mask pairs", args.seg_samples, partial(seg_paths, root),
-             partial(write_seg_pair, root, args.seg_side), args.workers)
+    generate(
+        root,
+        "image/mask pairs",
+        args.seg_samples,
+        partial(seg_paths, root),
+        partial(write_seg_pair, root, args.seg_side),
+        args.workers,
+    )
     pairs = [seg_paths(root, i) for i in range(args.seg_samples)]
     return [image for image, _ in pairs], [mask for _, mask in pairs]
 
 
 def jpeg_stats(root, source):
     files, _, classes = list_image_folder(root)
-    sample = files if len(files) <= STATS_SAMPLE else random.Random(SEED).sample(files, STATS_SAMPLE)
+    sample = (
+        files if len(files) <= STATS_SAMPLE else random.Random(SEED).sample(files, STATS_SAMPLE)
+    )
     sizes = []
     for path in sample:
         with Image.open(path) as image:  # reads the header only
             sizes.append(image.size)
     widths, heights = np.array(sizes, dtype=np.float64).T
-    return dict(path=root, source=source, images=len(files), classes=len(classes), stats_from=len(sample),
-                mean_height=round(heights.mean(), 1), mean_width=round(widths.mean(), 1),
-                mean_pixels=round((heights * widths).mean()),
-                mean_kib=round(np.mean([os.path.getsize(p) for p in sample]) / 1024, 1))
+    return dict(
+        path=root,
+        source=source,
+        images=len(files),
+        classes=len(classes),
+        stats_from=len(sample),
+        mean_height=round(heights.mean(), 1),
+        mean_width=round(widths.mean(), 1),
+        mean_pixels=round((heights * widths).mean()),
+        mean_kib=round(np.mean([os.path.getsize(p) for p in sample]) / 1024, 1),
+    )
 
 
 def seg_stats(imgs, lbls):
     height, width, _ = np.load(imgs[0], mmap_mode="r").shape
-    return dict(path=os.path.dirname(os.path.dirname(imgs[0])), samples=len(imgs), height=height, width=width,
-                mean_pixels=height * width,
-                mean_kib=round(np.mean([os.path.getsize(p) for p in imgs]) / 1024, 1),
-                mask_mean_kib=round(np.mean([os.path.getsize(p) for p in lbls]) / 1024, 1))
+    return dict(
+        path=os.path.dirname(os.path.dirname(imgs[0])),
+        samples=len(imgs),
+        height=height,
+        width=width,
+        mean_pixels=height * width,
+        mean_kib=round(np.mean([os.path.getsize(p) for p in imgs]) / 1024, 1),
+        mask_mean_kib=round(np.mean([os.path.getsize(p) for p in lbls]) / 1024, 1),
+    )
 
 
 # ------------------------------------------------------------------------------------------
@@ -456,9 +617,16 @@ def dali_classify(args, device_id, layout="folder", **pipeline_kwargs):
     the timing measures is the epochs after it."""
     data_dir = args.data_dir if layout == "folder" else args.shards[layout]
     free = torch.cuda.mem_get_info()[0] if pipeline_kwargs.get("decoder_cache") else None
-    pipe = ClassifyTrainPipeline(args.batch_size, dali_threads(args, device_id), device_id, data_dir, seed=SEED,
-                                 hw_decoder_load=args.hw_decoder_load,
-                                 prefetch_queue_depth=args.prefetch_queue_depth, **pipeline_kwargs)
+    pipe = ClassifyTrainPipeline(
+        args.batch_size,
+        dali_threads(args, device_id),
+        device_id,
+        data_dir,
+        seed=SEED,
+        hw_decoder_load=args.hw_decoder_load,
+        prefetch_queue_depth=args.prefetch_queue_depth,
+        **pipeline_kwargs,
+    )
     hwc = pipeline_kwargs.get("output_layout") == "HWC"
     loader = classify_iterator(pipe)
     if free is not None:
@@ -467,14 +635,25 @@ def dali_classify(args, device_id, layout="folder", **pipeline_kwargs):
             pass
         torch.cuda.synchronize()
         seconds = time.perf_counter() - start
-        fill = dict(cache_mb=pipeline_kwargs["decoder_cache"], first_epoch_s=round(seconds, 2),
-                    first_epoch_img_per_s=round(pipe.num_samples / seconds, 1),
-                    dali_gpu_gb=round((free - torch.cuda.mem_get_info()[0]) / 1e9, 2))
+        fill = dict(
+            cache_mb=pipeline_kwargs["decoder_cache"],
+            first_epoch_s=round(seconds, 2),
+            first_epoch_img_per_s=round(pipe.num_samples / seconds, 1),
+            dali_gpu_gb=round((free - torch.cuda.mem_get_info()[0]) / 1e9, 2),
+        )
         args.cache_fills.append(fill)
-        log(f"  decoder cache of {fill['cache_mb']} MB filled in {seconds:.1f} s ({fill['first_epoch_img_per_s']} "
-            f"img/s); DALI holds {fill['dali_gpu_gb']} GB of GPU memory")
-    return endless(loader, args.device,
-                   lambda b: (b[0]["data"].permute(0, 3, 1, 2) if hwc else b[0]["data"], b[0]["label"].squeeze(-1).long()))
+        log(
+            f"  decoder cache of {fill['cache_mb']} MB filled in {seconds:.1f} s ({fill['first_epoch_img_per_s']} "
+            f"img/s); DALI holds {fill['dali_gpu_gb']} GB of GPU memory"
+        )
+    return endless(
+        loader,
+        args.device,
+        lambda b: (
+            b[0]["data"].permute(0, 3, 1, 2) if hwc else b[0]["data"],
+            b[0]["label"].squeeze(-1).long(),
+        ),
+    )
 
 
 class DecodePipeline(Pipeline):
@@ -487,9 +666,12 @@ class DecodePipeline(Pipeline):
     def __init__(self, batch_size, num_threads, data_dir, hw_decoder_load, crop):
         super().__init__(batch_size, num_threads, 0, seed=SEED)
         files, labels, _ = list_image_folder(data_dir)
-        self.reader = ops.readers.File(files=files, labels=labels, random_shuffle=True, name="Reader")
+        self.reader = ops.readers.File(
+            files=files, labels=labels, random_shuffle=True, name="Reader"
+        )
         self.decode = (ops.decoders.ImageRandomCrop if crop else ops.decoders.Image)(
-            device="mixed", output_type=types.RGB, hw_decoder_load=hw_decoder_load)
+            device="mixed", output_type=types.RGB, hw_decoder_load=hw_decoder_load
+        )
 
     def define_graph(self):
         jpegs, _ = self.reader()
@@ -498,7 +680,9 @@ class DecodePipeline(Pipeline):
 
 def time_decoder(name, args, crop):
     """Images per second out of ``DecodePipeline``: ``Pipeline.run`` returns each batch decoded on the GPU."""
-    pipe = DecodePipeline(args.batch_size, args.gpu_threads, args.data_dir, args.hw_decoder_load, crop)
+    pipe = DecodePipeline(
+        args.batch_size, args.gpu_threads, args.data_dir, args.hw_decoder_load, crop
+    )
     pipe.build()
     for _ in range(args.warmup):
         pipe.run()
@@ -512,8 +696,13 @@ def time_decoder(name, args, crop):
     seconds = time.perf_counter() - start
     del pipe
     gc.collect()
-    row = dict(loader=name, img_per_s=round(batches * args.batch_size / seconds, 1), batches=batches,
-               images=batches * args.batch_size, seconds=round(seconds, 3))
+    row = dict(
+        loader=name,
+        img_per_s=round(batches * args.batch_size / seconds, 1),
+        batches=batches,
+        images=batches * args.batch_size,
+        seconds=round(seconds, 3),
+    )
     log(f"  {name:<20} {row['img_per_s']:>9.1f} img/s  ({batches} batches in {seconds:.2f} s)")
     return row
 
@@ -524,30 +713,54 @@ def dataloader(dataset, batch_size, args):
     # wrap around). The other settings are a training script's: pinned batches for an asynchronous copy
     # to the GPU, workers kept across epochs, two batches in flight per worker.
     sampler = RandomSampler(dataset, num_samples=sys.maxsize)
-    return DataLoader(dataset, batch_size, sampler=sampler, num_workers=args.workers, pin_memory=args.gpu,
-                      persistent_workers=True, prefetch_factor=2, drop_last=True)
+    return DataLoader(
+        dataset,
+        batch_size,
+        sampler=sampler,
+        num_workers=args.workers,
+        pin_memory=args.gpu,
+        persistent_workers=True,
+        prefetch_factor=2,
+        drop_last=True,
+    )
 
 
 def torchvision_classify(args):
-    transform = T.Compose([
-        T.RandomResizedCrop(CROP), T.RandomHorizontalFlip(), T.ToTensor(),
-        T.Normalize([m / 255 for m in IMAGENET_MEAN], [s / 255 for s in IMAGENET_STD]),
-    ])
-    return endless(dataloader(ImageFolder(args.data_dir, transform), args.batch_size, args), args.device, tuple)
+    transform = T.Compose(
+        [
+            T.RandomResizedCrop(CROP),
+            T.RandomHorizontalFlip(),
+            T.ToTensor(),
+            T.Normalize([m / 255 for m in IMAGENET_MEAN], [s / 255 for s in IMAGENET_STD]),
+        ]
+    )
+    return endless(
+        dataloader(ImageFolder(args.data_dir, transform), args.batch_size, args), args.device, tuple
+    )
 
 
 @contextmanager
 def synthetic_classify(args):
     """The ceiling: one random batch, already on the GPU, fed again and again."""
-    images = torch.randn(args.batch_size, 3, CROP, CROP, device=args.device).contiguous(memory_format=torch.channels_last)
+    images = torch.randn(args.batch_size, 3, CROP, CROP, device=args.device).contiguous(
+        memory_format=torch.channels_last
+    )
     labels = torch.randint(0, 1000, (args.batch_size,), device=args.device)
     yield itertools.repeat((images, labels))
 
 
 def dali_segment(args, device_id):
-    pipe = fetch_dali_loader(args.seg_imgs, args.seg_lbls, args.seg_batch_size, "train", device_id=device_id,
-                             num_threads=dali_threads(args, device_id), size=SEG_OUTPUT, seed=SEED,
-                             prefetch_queue_depth=args.prefetch_queue_depth)
+    pipe = fetch_dali_loader(
+        args.seg_imgs,
+        args.seg_lbls,
+        args.seg_batch_size,
+        "train",
+        device_id=device_id,
+        num_threads=dali_threads(args, device_id),
+        size=SEG_OUTPUT,
+        seed=SEED,
+        prefetch_queue_depth=args.prefetch_queue_depth,
+    )
     return endless(segment_iterator(pipe), args.device, lambda b: (b[0]["image"], b[0]["mask"]))
 
 
@@ -620,9 +833,17 @@ def time_loader(name, make_loader, args):
         sync(args)
         seconds = time.perf_counter() - start
     # startup_s: building the loader plus warm-up, what every training run pays before its first step.
-    row = dict(loader=name, img_per_s=round(images / seconds, 1), batches=batches_timed, images=images,
-               seconds=round(seconds, 3), startup_s=round(start - started, 2))
-    log(f"  {name:<20} {row['img_per_s']:>9.1f} img/s  ({batches_timed} batches in {seconds:.2f} s)")
+    row = dict(
+        loader=name,
+        img_per_s=round(images / seconds, 1),
+        batches=batches_timed,
+        images=images,
+        seconds=round(seconds, 3),
+        startup_s=round(start - started, 2),
+    )
+    log(
+        f"  {name:<20} {row['img_per_s']:>9.1f} img/s  ({batches_timed} batches in {seconds:.2f} s)"
+    )
     return row
 
 
@@ -646,7 +867,9 @@ def time_training(model_name, model, optimizer, name, make_loader, args):
                 fed.record()
                 gaps.append((step_end, fed))
             with torch.autocast("cuda", dtype=torch.bfloat16):
-                loss = criterion(model(images.contiguous(memory_format=torch.channels_last)), labels)
+                loss = criterion(
+                    model(images.contiguous(memory_format=torch.channels_last)), labels
+                )
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
@@ -661,9 +884,17 @@ def time_training(model_name, model, optimizer, name, make_loader, args):
         total = time.perf_counter() - start
         waiting = sum(a.elapsed_time(b) for a, b in gaps) / 1000
     images_seen = steps * args.batch_size
-    row = dict(model=model_name, loader=name, img_per_s=round(images_seen / total, 1),
-               data_wait_pct=round(100 * waiting / total, 1), steps=steps, seconds=round(total, 3))
-    log(f"  {model_name:<9} {name:<20} {row['img_per_s']:>9.1f} img/s  data wait {row['data_wait_pct']:5.1f} %")
+    row = dict(
+        model=model_name,
+        loader=name,
+        img_per_s=round(images_seen / total, 1),
+        data_wait_pct=round(100 * waiting / total, 1),
+        steps=steps,
+        seconds=round(total, 3),
+    )
+    log(
+        f"  {model_name:<9} {name:<20} {row['img_per_s']:>9.1f} img/s  data wait {row['data_wait_pct']:5.1f} %"
+    )
     return row
 
 
@@ -686,11 +917,15 @@ def seg_startup(args):
         start = time.perf_counter()
         check_segmentation_files(imgs, lbls)
         checked = time.perf_counter()
-        pipe = fetch_dali_loader(imgs, lbls, 32, "train", device_id=None, num_threads=args.workers, size=(16, 16))
+        pipe = fetch_dali_loader(
+            imgs, lbls, 32, "train", device_id=None, num_threads=args.workers, size=(16, 16)
+        )
         built = time.perf_counter()
         next(iter(segment_iterator(pipe)))
-        log(f"{args.seg_startup} pairs, {attempt}: header check {checked - start:.2f} s, pipeline (checks again) "
-            f"{built - checked:.2f} s, DALI build + first batch {time.perf_counter() - built:.2f} s")
+        log(
+            f"{args.seg_startup} pairs, {attempt}: header check {checked - start:.2f} s, pipeline (checks again) "
+            f"{built - checked:.2f} s, DALI build + first batch {time.perf_counter() - built:.2f} s"
+        )
         del pipe
 
 
@@ -718,17 +953,42 @@ def startup(args):
     args.data_dir, _ = jpeg_set(args)
     root, counts = startup_tree(args)
     start = time.perf_counter()
-    subprocess.run([sys.executable, "-c", "import torch, torchvision, nvidia.dali, pipelines"], check=True)
+    subprocess.run(
+        [sys.executable, "-c", "import torch, torchvision, nvidia.dali, pipelines"], check=True
+    )
     imports = time.perf_counter() - start
     with tempfile.TemporaryDirectory() as out:
-        cmd = [sys.executable, "train_classify.py", "--data", root, "--arch", args.models.split(",")[0],
-               "-b", str(args.batch_size), "-j", str(args.workers), "--epochs", "1", "--print-freq", "1",
-               "--output-dir", out] + ([] if args.gpu else ["--dali-device", "cpu"])
-        log(f"startup: {' '.join(cmd)} ({counts['train']} train and {counts['val']} val images; imports alone "
-            f"{imports:.1f} s)")
+        cmd = [
+            sys.executable,
+            "train_classify.py",
+            "--data",
+            root,
+            "--arch",
+            args.models.split(",")[0],
+            "-b",
+            str(args.batch_size),
+            "-j",
+            str(args.workers),
+            "--epochs",
+            "1",
+            "--print-freq",
+            "1",
+            "--output-dir",
+            out,
+        ] + ([] if args.gpu else ["--dali-device", "cpu"])
+        log(
+            f"startup: {' '.join(cmd)} ({counts['train']} train and {counts['val']} val images; imports alone "
+            f"{imports:.1f} s)"
+        )
         start = time.perf_counter()
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
-                                cwd=os.path.dirname(os.path.abspath(__file__)))
+        proc = subprocess.Popen(
+            cmd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            bufsize=1,
+            cwd=os.path.dirname(os.path.abspath(__file__)),
+        )
         phases = []
         for line in proc.stdout:
             phases.append((round(time.perf_counter() - start, 2), line.rstrip()))
@@ -738,11 +998,22 @@ def startup(args):
         proc.kill()
         proc.wait()
     if not phases or not phases[-1][1].startswith("Epoch: [1/"):
-        sys.exit(f"error: train_classify.py ended before its first step: {phases[-1][1] if phases else ''}")
-    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2 ** 20  # KiB on Linux
-    report = dict(meta=meta(args), startup=dict(
-        command=cmd[1:], train_images=counts["train"], val_images=counts["val"], imports_s=round(imports, 2),
-        first_step_s=phases[-1][0], lines=phases, peak_memory_gb=round(peak, 2)))
+        sys.exit(
+            f"error: train_classify.py ended before its first step: {phases[-1][1] if phases else ''}"
+        )
+    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20  # KiB on Linux
+    report = dict(
+        meta=meta(args),
+        startup=dict(
+            command=cmd[1:],
+            train_images=counts["train"],
+            val_images=counts["val"],
+            imports_s=round(imports, 2),
+            first_step_s=phases[-1][0],
+            lines=phases,
+            peak_memory_gb=round(peak, 2),
+        ),
+    )
     log(f"first training step after {phases[-1][0]:.1f} s; peak memory {peak:.2f} GB")
     save(report, args.json)
 
@@ -751,12 +1022,18 @@ def ddp_bench(args):
     """``torchrun --nproc_per_node=N bench.py --ddp``: training img/s of each model on one GPU and on N GPUs
     (DDP), fed by DALI (each process its own shard, its own share of the CPU cores) and by a synthetic
     batch; rank 0 prints the table with DALI / synthetic and the scaling img/s(N) / (N x img/s(1))."""
-    rank, local_rank, world = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"]), int(os.environ["WORLD_SIZE"])
+    rank, local_rank, world = (
+        int(os.environ["RANK"]),
+        int(os.environ["LOCAL_RANK"]),
+        int(os.environ["WORLD_SIZE"]),
+    )
     torch.cuda.set_device(local_rank)
     dist.init_process_group("nccl", device_id=torch.device("cuda", local_rank))
     try:
         torch.backends.cudnn.benchmark = True
-        torch.cuda.set_stream(torch.cuda.Stream(priority=-1))  # as the trainers: DALI's kernels fill the gaps
+        torch.cuda.set_stream(
+            torch.cuda.Stream(priority=-1)
+        )  # as the trainers: DALI's kernels fill the gaps
         if rank == 0:
             args.data_dir, _ = jpeg_set(args)
         dist.barrier()
@@ -764,42 +1041,81 @@ def ddp_bench(args):
         rows = []
         for model_name in args.models.split(","):
             for gpus in sorted({1, world}):
-                for name, make in (("synthetic", synthetic_classify),
-                                   ("dali-mixed", partial(dali_classify, device_id=local_rank, shard_id=rank,
-                                                          num_shards=gpus))):
+                for name, make in (
+                    ("synthetic", synthetic_classify),
+                    (
+                        "dali-mixed",
+                        partial(
+                            dali_classify, device_id=local_rank, shard_id=rank, num_shards=gpus
+                        ),
+                    ),
+                ):
                     if rank >= gpus:  # not in this measurement: wait for the ones that are
                         dist.barrier()
                         continue
-                    model = getattr(torchvision.models, model_name)(weights=None, num_classes=1000).cuda()
+                    model = getattr(torchvision.models, model_name)(
+                        weights=None, num_classes=1000
+                    ).cuda()
                     model = model.to(memory_format=torch.channels_last)
                     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
                     if gpus > 1:  # all the processes: the default group
-                        model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[local_rank])
+                        model = torch.nn.parallel.DistributedDataParallel(
+                            model, device_ids=[local_rank]
+                        )
                     row = time_training(model_name, model, optimizer, name, make, args)
                     if gpus > 1:  # every process trained its own share: the job's rate is their sum
-                        total = torch.tensor([row["img_per_s"], row["data_wait_pct"]], device="cuda")
+                        total = torch.tensor(
+                            [row["img_per_s"], row["data_wait_pct"]], device="cuda"
+                        )
                         dist.all_reduce(total)
-                        row["img_per_s"], row["data_wait_pct"] = round(total[0].item(), 1), round(total[1].item() / gpus, 1)
+                        row["img_per_s"], row["data_wait_pct"] = (
+                            round(total[0].item(), 1),
+                            round(total[1].item() / gpus, 1),
+                        )
                     rows.append(dict(row, gpus=gpus))
                     del model, optimizer
                     torch.cuda.empty_cache()
                     dist.barrier()
         if rank == 0:
             for row in rows:
-                same = {r["loader"]: r["img_per_s"] for r in rows if r["model"] == row["model"] and r["gpus"] == row["gpus"]}
-                one = next(r["img_per_s"] for r in rows if r["model"] == row["model"] and r["gpus"] == 1
-                           and r["loader"] == row["loader"])
+                same = {
+                    r["loader"]: r["img_per_s"]
+                    for r in rows
+                    if r["model"] == row["model"] and r["gpus"] == row["gpus"]
+                }
+                one = next(
+                    r["img_per_s"]
+                    for r in rows
+                    if r["model"] == row["model"]
+                    and r["gpus"] == 1
+                    and r["loader"] == row["loader"]
+                )
                 row["vs_synthetic"] = round(row["img_per_s"] / same["synthetic"], 3)
                 row["scaling"] = round(row["img_per_s"] / (row["gpus"] * one), 3)
-            print("\n".join(table(f"DDP: training img/s on 1 and {world} GPUs (bf16, channels_last, SGD, batch "
-                                   f"{args.batch_size} per GPU, {args.gpu_threads} DALI threads per process)", rows,
-                                   [("model", "model", ""), ("GPUs", "gpus", "d"), ("loader", "loader", ""),
-                                    ("img/s", "img_per_s", ",.1f"), ("vs synthetic", "vs_synthetic", ".3f"),
-                                    ("scaling", "scaling", ".3f"), ("data wait %", "data_wait_pct", ".1f")])),
-                  flush=True)
+            print(
+                "\n".join(
+                    table(
+                        f"DDP: training img/s on 1 and {world} GPUs (bf16, channels_last, SGD, batch "
+                        f"{args.batch_size} per GPU, {args.gpu_threads} DALI threads per process)",
+                        rows,
+                        [
+                            ("model", "model", ""),
+                            ("GPUs", "gpus", "d"),
+                            ("loader", "loader", ""),
+                            ("img/s", "img_per_s", ",.1f"),
+                            ("vs synthetic", "vs_synthetic", ".3f"),
+                            ("scaling", "scaling", ".3f"),
+                            ("data wait %", "data_wait_pct", ".1f"),
+                        ],
+                    )
+                ),
+                flush=True,
+            )
             save(dict(meta=meta(args), ddp=rows), args.json)
     except (Exception, KeyboardInterrupt):
-        if world > 1:  # as in the trainers: the others may wait in a collective, and a graceful exit with them
+        if (
+            world > 1
+        ):  # as in the trainers: the others may wait in a collective, and a graceful exit with them
             traceback.print_exc()
             sys.stderr.flush()
             os._exit(1)
@@ -821,9 +1137,17 @@ def guarded(row, measure, *args):
 def with_ratios(rows, group=None):
     """Adds each row's img/s relative to the DataLoader's (the DataLoader's of the same ``group``, e.g. model)."""
     for row in rows:
-        base = next((r["img_per_s"] for r in rows if r["loader"] == "dataloader"
-                     and (group is None or r[group] == row[group])), None)
-        row["vs_dataloader"] = round(row["img_per_s"] / base, 2) if row["img_per_s"] and base else None
+        base = next(
+            (
+                r["img_per_s"]
+                for r in rows
+                if r["loader"] == "dataloader" and (group is None or r[group] == row[group])
+            ),
+            None,
+        )
+        row["vs_dataloader"] = (
+            round(row["img_per_s"] / base, 2) if row["img_per_s"] and base else None
+        )
     return rows
 
 
@@ -835,7 +1159,9 @@ def with_ratios(rows, group=None):
 def cpu_model():
     try:
         with open("/proc/cpuinfo") as f:
-            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+            return next(
+                line.split(":", 1)[1].strip() for line in f if line.startswith("model name")
+            )
     except (OSError, StopIteration):
         return platform.processor() or "unknown"
 
@@ -845,16 +1171,30 @@ def meta(args):
         date=datetime.now().astimezone().isoformat(timespec="seconds"),
         command=shlex.join(sys.orig_argv),
         gpu=torch.cuda.get_device_name(0) if args.gpu else None,
-        cpu_count=os.cpu_count(), cpus_usable=usable_cpus(), cpu_model=cpu_model(),
-        versions=dict(python=platform.python_version(), dali=nvidia.dali.__version__, torch=torch.__version__,
-                      torchvision=torchvision.__version__),
-        settings=dict(batch_size=args.batch_size, seg_batch_size=args.seg_batch_size, workers=args.workers,
-                      gpu_threads=args.gpu_threads,
-                      warmup=args.warmup, iters=args.iters, max_seconds=args.max_seconds,
-                      hw_decoder_load=args.hw_decoder_load, prefetch_queue_depth=args.prefetch_queue_depth,
-                      models=args.models, quick=args.quick,
-                      # CPU-only pipelines run independent operators at once only with it (pipelines.cpu_concurrency)
-                      dali_new_thread_pool=os.environ.get("DALI_USE_NEW_THREAD_POOL") == "1"),
+        cpu_count=os.cpu_count(),
+        cpus_usable=usable_cpus(),
+        cpu_model=cpu_model(),
+        versions=dict(
+            python=platform.python_version(),
+            dali=nvidia.dali.__version__,
+            torch=torch.__version__,
+            torchvision=torchvision.__version__,
+        ),
+        settings=dict(
+            batch_size=args.batch_size,
+            seg_batch_size=args.seg_batch_size,
+            workers=args.workers,
+            gpu_threads=args.gpu_threads,
+            warmup=args.warmup,
+            iters=args.iters,
+            max_seconds=args.max_seconds,
+            hw_decoder_load=args.hw_decoder_load,
+            prefetch_queue_depth=args.prefetch_queue_depth,
+            models=args.models,
+            quick=args.quick,
+            # CPU-only pipelines run independent operators at once only with it (pipelines.cpu_concurrency)
+            dali_new_thread_pool=os.environ.get("DALI_USE_NEW_THREAD_POOL") == "1",
+        ),
     )
 
 
@@ -883,41 +1223,87 @@ def table(title, rows, columns):
     """``columns``: (heading, key, format) triples; text (format "") aligns left, numbers right, and a
     missing value prints as '-'."""
     cells = [[heading for heading, _, _ in columns]]
-    cells += [[format(row[key], fmt) if row.get(key) is not None else "-" for _, key, fmt in columns] for row in rows]
+    cells += [
+        [format(row[key], fmt) if row.get(key) is not None else "-" for _, key, fmt in columns]
+        for row in rows
+    ]
     widths = [max(len(line[i]) for line in cells) for i in range(len(columns))]
     lines = ["", title]
     for line in cells:
-        lines.append("  ".join(cell.ljust(width) if fmt == "" else cell.rjust(width)
-                               for cell, width, (_, _, fmt) in zip(line, widths, columns)))
-    lines += [f"FAILED {row.get('model', '')} {row['loader']}: {row['error']}" for row in rows if "error" in row]
+        lines.append(
+            "  ".join(
+                cell.ljust(width) if fmt == "" else cell.rjust(width)
+                for cell, width, (_, _, fmt) in zip(line, widths, columns)
+            )
+        )
+    lines += [
+        f"FAILED {row.get('model', '')} {row['loader']}: {row['error']}"
+        for row in rows
+        if "error" in row
+    ]
     return lines
 
 
-LOADER_COLUMNS = [("loader", "loader", ""), ("img/s", "img_per_s", ",.1f"), ("vs DataLoader", "vs_dataloader", ".2f"),
-                  ("data wait %", "data_wait_pct", ".1f"), ("startup s", "startup_s", ".1f")]
+LOADER_COLUMNS = [
+    ("loader", "loader", ""),
+    ("img/s", "img_per_s", ",.1f"),
+    ("vs DataLoader", "vs_dataloader", ".2f"),
+    ("data wait %", "data_wait_pct", ".1f"),
+    ("startup s", "startup_s", ".1f"),
+]
 
 
 def report_lines(report):
     lines = header_lines(report)
-    batch, where = report["meta"]["settings"]["batch_size"], "GPU" if report["meta"]["gpu"] else "CPU"
+    batch, where = (
+        report["meta"]["settings"]["batch_size"],
+        "GPU" if report["meta"]["gpu"] else "CPU",
+    )
     if report["decoder"]:
-        lines += table("decoder ceiling: mixed decode alone (no resize, no normalize), images decoded on the GPU",
-                       report["decoder"], LOADER_COLUMNS[:2])
-    lines += table(f"classification loaders: batches of {batch} x 3 x {CROP} x {CROP} float32 delivered to the {where}",
-                   report["classification"], LOADER_COLUMNS)
-    lines += table(f"segmentation loaders: samples/s, 3 x {SEG_OUTPUT[0]} x {SEG_OUTPUT[1]} image + mask",
-                   report["segmentation"], LOADER_COLUMNS)
+        lines += table(
+            "decoder ceiling: mixed decode alone (no resize, no normalize), images decoded on the GPU",
+            report["decoder"],
+            LOADER_COLUMNS[:2],
+        )
+    lines += table(
+        f"classification loaders: batches of {batch} x 3 x {CROP} x {CROP} float32 delivered to the {where}",
+        report["classification"],
+        LOADER_COLUMNS,
+    )
+    lines += table(
+        f"segmentation loaders: samples/s, 3 x {SEG_OUTPUT[0]} x {SEG_OUTPUT[1]} image + mask",
+        report["segmentation"],
+        LOADER_COLUMNS,
+    )
     if report["end_to_end"]:
-        lines += table("end to end: training img/s (bf16, channels_last, SGD) and the share of each step spent "
-                       "waiting for data", report["end_to_end"], [("model", "model", "")] + LOADER_COLUMNS[:4])
+        lines += table(
+            "end to end: training img/s (bf16, channels_last, SGD) and the share of each step spent "
+            "waiting for data",
+            report["end_to_end"],
+            [("model", "model", "")] + LOADER_COLUMNS[:4],
+        )
     if report["cache"]:
-        lines += table("decoder cache: the first epoch, which fills it, and the GPU memory DALI holds then",
-                       report["cache"], [("cache MB", "cache_mb", "d"), ("first epoch s", "first_epoch_s", ".2f"),
-                                         ("img/s", "first_epoch_img_per_s", ",.1f"), ("DALI GB", "dali_gpu_gb", ".2f")])
+        lines += table(
+            "decoder cache: the first epoch, which fills it, and the GPU memory DALI holds then",
+            report["cache"],
+            [
+                ("cache MB", "cache_mb", "d"),
+                ("first epoch s", "first_epoch_s", ".2f"),
+                ("img/s", "first_epoch_img_per_s", ",.1f"),
+                ("DALI GB", "dali_gpu_gb", ".2f"),
+            ],
+        )
     if report["sweep"]:
-        lines += table("sweep: mixed-decode loader", report["sweep"],
-                       [("setting", "loader", ""), ("threads", "threads", "d"), ("hw_decoder_load", "hw_decoder_load", ".2f"),
-                        ("img/s", "img_per_s", ",.1f")])
+        lines += table(
+            "sweep: mixed-decode loader",
+            report["sweep"],
+            [
+                ("setting", "loader", ""),
+                ("threads", "threads", "d"),
+                ("hw_decoder_load", "hw_decoder_load", ".2f"),
+                ("img/s", "img_per_s", ",.1f"),
+            ],
+        )
     lines += [f"skipped   {section}: {why}" for section, why in report["skipped"].items()]
     return lines
 
@@ -939,16 +1325,30 @@ def main():
         return startup(args)
     if args.ddp:
         if not torch.cuda.is_available() or "RANK" not in os.environ:
-            sys.exit("error: --ddp: run it under torchrun on a machine with CUDA GPUs, e.g. "
-                     "torchrun --nproc_per_node=2 bench.py --ddp")
+            sys.exit(
+                "error: --ddp: run it under torchrun on a machine with CUDA GPUs, e.g. "
+                "torchrun --nproc_per_node=2 bench.py --ddp"
+            )
         args.gpu, args.device = True, "cuda"
         return ddp_bench(args)
     # Beyond the flags, args carries what every loader needs: where batches go and which files to read.
     args.gpu = torch.cuda.is_available()
     args.device = "cuda" if args.gpu else "cpu"
-    report = dict(meta=meta(args), dataset=None, segmentation_dataset=None, decoder=[], classification=[],
-                  segmentation=[], end_to_end=[], sweep=[], cache=[], skipped={})
-    log(f"bench.py on {report['meta']['gpu'] or 'CPU only'}, {args.workers} workers: {report['meta']['command']}")
+    report = dict(
+        meta=meta(args),
+        dataset=None,
+        segmentation_dataset=None,
+        decoder=[],
+        classification=[],
+        segmentation=[],
+        end_to_end=[],
+        sweep=[],
+        cache=[],
+        skipped={},
+    )
+    log(
+        f"bench.py on {report['meta']['gpu'] or 'CPU only'}, {args.workers} workers: {report['meta']['command']}"
+    )
 
     args.data_dir, source = jpeg_set(args)
     report["dataset"] = jpeg_stats(args.data_dir, source)
@@ -959,8 +1359,10 @@ def main():
 
     if args.gpu and not args.only:
         log(f"decoder ceiling: mixed decode alone, hw_decoder_load {args.hw_decoder_load}")
-        report["decoder"] = [guarded(dict(loader=name), time_decoder, name, args, crop)
-                             for name, crop in (("decode", False), ("crop-decode", True))]
+        report["decoder"] = [
+            guarded(dict(loader=name), time_decoder, name, args, crop)
+            for name, crop in (("decode", False), ("crop-decode", True))
+        ]
         save(report, args.json)
     else:
         report["skipped"]["decoder"] = "--only" if args.only else "no CUDA device"
@@ -968,32 +1370,67 @@ def main():
     args.shards = shard_sets(args)
     log("classification loaders")
     device_id = 0 if args.gpu else None
-    shards = [(f"{'dali-mixed' if args.gpu else 'dali-cpu'}-{fmt}", partial(dali_classify, device_id=device_id, layout=fmt))
-              for fmt in ("tfrecord", "wds")]
+    shards = [
+        (
+            f"{'dali-mixed' if args.gpu else 'dali-cpu'}-{fmt}",
+            partial(dali_classify, device_id=device_id, layout=fmt),
+        )
+        for fmt in ("tfrecord", "wds")
+    ]
     # The decoder cache: whole images decoded once into a cache that holds them all, or half of them.
     cache_mb = math.ceil(1.1 * decoded_size(ClassifyValPipeline(1, 1, None, args.data_dir)))
     args.cache_fills = report["cache"]
-    loaders = [("dali-mixed", partial(dali_classify, device_id=0)),
-               ("dali-mixed-hwc", partial(dali_classify, device_id=0, output_layout="HWC")),
-               ("dali-mixed-hwc-fp16", partial(dali_classify, device_id=0, output_layout="HWC", dtype="float16")),
-               ("dali-mixed-full", partial(dali_classify, device_id=0, output_layout="HWC", decoder_cache=0)),
-               ("dali-mixed-cached", partial(dali_classify, device_id=0, output_layout="HWC", decoder_cache=cache_mb)),
-               ("dali-mixed-half-cache", partial(dali_classify, device_id=0, output_layout="HWC",
-                                                 decoder_cache=cache_mb // 2)),
-               ] if args.gpu else []
-    loaders += shards + [("dali-cpu", partial(dali_classify, device_id=None)), ("dataloader", torchvision_classify)]
+    loaders = (
+        [
+            ("dali-mixed", partial(dali_classify, device_id=0)),
+            ("dali-mixed-hwc", partial(dali_classify, device_id=0, output_layout="HWC")),
+            (
+                "dali-mixed-hwc-fp16",
+                partial(dali_classify, device_id=0, output_layout="HWC", dtype="float16"),
+            ),
+            (
+                "dali-mixed-full",
+                partial(dali_classify, device_id=0, output_layout="HWC", decoder_cache=0),
+            ),
+            (
+                "dali-mixed-cached",
+                partial(dali_classify, device_id=0, output_layout="HWC", decoder_cache=cache_mb),
+            ),
+            (
+                "dali-mixed-half-cache",
+                partial(
+                    dali_classify, device_id=0, output_layout="HWC", decoder_cache=cache_mb // 2
+                ),
+            ),
+        ]
+        if args.gpu
+        else []
+    )
+    loaders += shards + [
+        ("dali-cpu", partial(dali_classify, device_id=None)),
+        ("dataloader", torchvision_classify),
+    ]
     if args.only:
-        loaders = [(name, make) for name, make in loaders if any(word in name for word in args.only.split(","))]
-    report["classification"] = with_ratios([guarded(dict(loader=name), time_loader, name, make, args)
-                                            for name, make in loaders])
+        loaders = [
+            (name, make)
+            for name, make in loaders
+            if any(word in name for word in args.only.split(","))
+        ]
+    report["classification"] = with_ratios(
+        [guarded(dict(loader=name), time_loader, name, make, args) for name, make in loaders]
+    )
     save(report, args.json)
 
     log("segmentation loaders")
     seg_loaders = [("dali-gpu", partial(dali_segment, device_id=0))] if args.gpu else []
-    seg_loaders += [("dali-cpu", partial(dali_segment, device_id=None)), ("dataloader", torch_segment)]
+    seg_loaders += [
+        ("dali-cpu", partial(dali_segment, device_id=None)),
+        ("dataloader", torch_segment),
+    ]
     seg_loaders = [] if args.only else seg_loaders
-    report["segmentation"] = with_ratios([guarded(dict(loader=name), time_loader, name, make, args)
-                                          for name, make in seg_loaders])
+    report["segmentation"] = with_ratios(
+        [guarded(dict(loader=name), time_loader, name, make, args) for name, make in seg_loaders]
+    )
     save(report, args.json)
 
     if args.gpu:
@@ -1006,9 +1443,21 @@ def main():
             model = model.cuda().to(memory_format=torch.channels_last)
             optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
             # the GPU loaders only: CPU-only DALI and the DataLoader fall far short of these models (README)
-            for name, make in [("synthetic", synthetic_classify)] + [l for l in loaders if l[0].startswith("dali-mixed")]:
-                report["end_to_end"].append(guarded(dict(model=model_name, loader=name), time_training,
-                                                    model_name, model, optimizer, name, make, args))
+            for name, make in [("synthetic", synthetic_classify)] + [
+                loader for loader in loaders if loader[0].startswith("dali-mixed")
+            ]:
+                report["end_to_end"].append(
+                    guarded(
+                        dict(model=model_name, loader=name),
+                        time_training,
+                        model_name,
+                        model,
+                        optimizer,
+                        name,
+                        make,
+                        args,
+                    )
+                )
             del model, optimizer
             torch.cuda.empty_cache()
             with_ratios(report["end_to_end"], group="model")
@@ -1019,15 +1468,24 @@ def main():
     if args.sweep and args.gpu:
         log("sweep: mixed-decode loader")
         for threads, load in itertools.product(SWEEP_THREADS, SWEEP_HW_DECODER_LOADS):
-            swept = argparse.Namespace(**{**vars(args), "gpu_threads": threads, "hw_decoder_load": load})
+            swept = argparse.Namespace(
+                **{**vars(args), "gpu_threads": threads, "hw_decoder_load": load}
+            )
             name = f"{threads}t/{load:.2f}"
-            row = guarded(dict(loader=name), time_loader, name, partial(dali_classify, device_id=0), swept)
+            row = guarded(
+                dict(loader=name), time_loader, name, partial(dali_classify, device_id=0), swept
+            )
             report["sweep"].append(dict(threads=threads, hw_decoder_load=load, **row))
             save(report, args.json)
         # The other knobs, one at a time, at the best threads x hw_decoder_load of the grid.
         best = max((r for r in report["sweep"] if r.get("img_per_s")), key=lambda r: r["img_per_s"])
-        tuned = argparse.Namespace(**{**vars(args), "gpu_threads": best["threads"],
-                                      "hw_decoder_load": best["hw_decoder_load"]})
+        tuned = argparse.Namespace(
+            **{
+                **vars(args),
+                "gpu_threads": best["threads"],
+                "hw_decoder_load": best["hw_decoder_load"],
+            }
+        )
         for option, value in SWEEP_OPTIONS:
             name = f"{best['loader']} {option}={value}"
             variant = argparse.Namespace(**vars(tuned))
@@ -1036,9 +1494,21 @@ def main():
                 variant.prefetch_queue_depth = value
             else:
                 kwargs[option] = value
-            row = guarded(dict(loader=name), time_loader, name, partial(dali_classify, device_id=0, **kwargs), variant)
-            report["sweep"].append(dict(threads=best["threads"], hw_decoder_load=best["hw_decoder_load"],
-                                        **{option: value}, **row))
+            row = guarded(
+                dict(loader=name),
+                time_loader,
+                name,
+                partial(dali_classify, device_id=0, **kwargs),
+                variant,
+            )
+            report["sweep"].append(
+                dict(
+                    threads=best["threads"],
+                    hw_decoder_load=best["hw_decoder_load"],
+                    **{option: value},
+                    **row,
+                )
+            )
             save(report, args.json)
     elif args.sweep:
         report["skipped"]["sweep"] = "no CUDA device"
@@ -1046,10 +1516,16 @@ def main():
     save(report, args.json)
     print("\n".join(report_lines(report)), flush=True)
     log(f"results written to {args.json}")
-    failed = [row for section in ("decoder", "classification", "segmentation", "end_to_end", "sweep") for row in report[section]
-              if "error" in row]
+    failed = [
+        row
+        for section in ("decoder", "classification", "segmentation", "end_to_end", "sweep")
+        for row in report[section]
+        if "error" in row
+    ]
     if failed:
-        sys.exit(f"{len(failed)} measurement(s) failed: see FAILED above and 'error' in {args.json}")
+        sys.exit(
+            f"{len(failed)} measurement(s) failed: see FAILED above and 'error' in {args.json}"
+        )
 
 
 if __name__ == "__main__":

@@ -1,34 +1,35 @@
-"""Segmentation data preparation: PNG image/mask pairs -> ``.npy`` pairs and a train/valid split.
+"""Data preparation: segmentation PNG image/mask pairs -> ``.npy`` pairs and a train/valid split;
+the built-in demo sets of both trainers (synthetic nails, and shapes in an ImageFolder tree).
 
-A PNG root holds ``Images/<group>/<name>.png`` and ``Masks/<group>/<name>.png``; an image and
-its mask pair by name within a group (groups are subfolders such as 1..4). Converting it writes
-a prepared root, the input of ``pipelines.fetch_dali_loader``:
+A PNG root holds ``Images/<group>/<name>.png`` and ``Masks/<group>/<name>.png``; an image and its
+mask pair by name within a group (groups are subfolders such as 1..4). Converting it writes a
+prepared root, the input of ``pipelines.fetch_dali_loader``:
 
     DST/Images/<group>/<name>.npy   (H, W, 3) uint8 RGB (RGBA and greyscale images become RGB)
     DST/Masks/<group>/<name>.npy    (H, W, 1) uint8 class indices
     DST/csv_file/train.csv          index,images,masks  (paths relative to DST)
     DST/csv_file/valid.csv
 
-Masks: a palette PNG (mode P) gives its palette indices as classes. A greyscale PNG (or an RGB
-one with R == G == B everywhere) whose values are all in {0, 255} is binary and becomes 0/1;
-any other greyscale values are kept as class indices. A colour RGB mask is an error: save it as
-a palette or class-index PNG, so that classes are indices and not colours.
+Masks: a palette PNG (mode P) gives its palette indices as classes. A greyscale PNG (or an RGB one
+with R == G == B everywhere) whose values are all in {0, 255} is binary and becomes 0/1; any other
+greyscale values are kept as class indices. A colour RGB mask is an error: save it as a palette or
+class-index PNG, so that classes are indices and not colours.
 
 The prepared root mirrors its PNG root. Beside each ``.npy`` a hidden record
-(``.<name>.npy.source``) holds the size and SHA-256 of the PNG bytes it was converted from; a
-re-run hashes every PNG and converts again only those whose record does not match (or whose
-``.npy`` is incomplete), so a replaced PNG is found whatever its timestamp. A ``.npy`` with a
-record whose PNG is gone is removed, and its pair leaves the split; a ``.npy`` without a record
-is not ours to delete, so one without a PNG is an error. A CSV is rewritten only when its text
-changes. Every file is written to a temporary name in its folder and then renamed, so an
-interrupted run leaves no half-written ``.npy`` or ``.csv`` under the final name (and the next
-run removes its temporary files). The CSVs come last (and are removed before any ``.npy``
-changes), so a root with both ``csv_file/train.csv`` and ``csv_file/valid.csv`` is complete.
+(``.<name>.npy.source``) holds the size and SHA-256 of the PNG bytes it was converted from; a re-run
+hashes every PNG and converts again only those whose record does not match (or whose ``.npy`` is
+incomplete), so a replaced PNG is found whatever its timestamp. A ``.npy`` with a record whose PNG
+is gone is removed, and its pair leaves the split; a ``.npy`` without a record is not ours to
+delete, so one without a PNG is an error. A CSV is rewritten only when its text changes. Every file
+is written to a temporary name in its folder and then renamed, so an interrupted run leaves no
+half-written ``.npy`` or ``.csv`` under the final name (and the next run removes its temporary
+files). The CSVs come last (and are removed before any ``.npy`` changes), so a root with both
+``csv_file/train.csv`` and ``csv_file/valid.csv`` is complete.
 
-Runs at once on one root (two trainers started together, torchrun ranks) take turns on a lock
-file, ``.data_processing.lock``, in the root they write: the later run waits, then finds the
-work done. The lock is ``fcntl.flock`` (Linux, macOS); across nodes it needs a shared file
-system that passes flock locks between them (Linux NFS clients do).
+Runs at once on one root (two trainers started together, torchrun ranks) take turns on a lock file,
+``.data_processing.lock``, in the root they write: the later run waits, then finds the work done.
+The lock is ``fcntl.flock`` (Linux, macOS); across nodes it needs a shared file system that passes
+flock locks between them (Linux NFS clients do).
 
     python data_processing.py data/nails_png data/nails                  # convert + split
     python data_processing.py data/nails_png data/nails --valid-fraction 0.25 --seed 1
@@ -36,14 +37,14 @@ system that passes flock locks between them (Linux NFS clients do).
     python data_processing.py --demo data/demo_png data/demo             # ... and convert + split it
 
     from data_processing import prepare
-    from pipelines import read_split
+    from data_sources import read_split
     root = prepare("data/demo_png")       # a PNG root is prepared into data/demo_png/npy
     imgs, lbls = read_split(root, "train")
 
-Checking and converting a root that takes minutes prints a progress line on stderr every few seconds;
-stdout has only the summary line.
+Checking and converting a root that takes minutes prints a progress line on stderr every few
+seconds; stdout has only the summary line.
 
-Bad input raises ``pipelines.DataError`` naming the offending path; on the command line it is
+Bad input raises ``data_sources.DataError`` naming the offending path; on the command line it is
 printed as ``error: <message>`` and the exit status is 2.
 """
 
@@ -57,20 +58,22 @@ import json
 import os
 import random
 import re
+import shutil
 import sys
 from collections import defaultdict
 
 import numpy as np
 from PIL import Image, ImageDraw, ImageFilter
 
-from pipelines import CSV_HEADER, DataError, atomic_open, atomic_temp_pattern, progress
+from data_sources import CSV_HEADER, DataError, atomic_open, atomic_temp_pattern, progress
 
 SPLITS = ("train", "valid")
 # Where prepare() puts the .npy pairs of a PNG root: inside it, so no write access to its
 # parent is needed and the data stays together.
 PREPARED_SUBDIR = "npy"
 LOCK_NAME = ".data_processing.lock"
-# The temporary names of pipelines.atomic_open; one found while holding the lock is a killed run's.
+# The temporary names of data_sources.atomic_open; one found while holding the lock is a killed
+# run's.
 LEFTOVER = re.compile(atomic_temp_pattern(".+"))
 
 # Demo defaults: 160 pairs of 256x256 are quick to write and to convert on a CPU, and a small
@@ -79,8 +82,15 @@ DEMO_PER_GROUP = 40
 DEMO_GROUPS = 4
 DEMO_SIZE = (256, 256)
 SKIN_TONES = [(241, 194, 167), (224, 172, 140), (198, 134, 102), (160, 105, 75), (250, 214, 185)]
-NAIL_COLOURS = [(232, 118, 150), (250, 165, 185), (205, 35, 60), (150, 15, 35), (222, 188, 160),
-                (243, 203, 192), (120, 25, 60)]
+NAIL_COLOURS = [
+    (232, 118, 150),
+    (250, 165, 185),
+    (205, 35, 60),
+    (150, 15, 35),
+    (222, 188, 160),
+    (243, 203, 192),
+    (120, 25, 60),
+]
 
 
 # ------------------------------------------------------------------------------------------
@@ -89,7 +99,8 @@ NAIL_COLOURS = [(232, 118, 150), (250, 165, 185), (205, 35, 60), (150, 15, 35), 
 
 
 def _list_files(folder, ext):
-    """{(group, stem): path} of the files ending in ``ext`` under ``folder``; group is the subfolder."""
+    """{(group, stem): path} of the files ending in ``ext`` under ``folder``; group is the
+    subfolder."""
     found = {}
     for dirpath, dirnames, names in os.walk(folder, followlinks=True):
         dirnames.sort()
@@ -103,7 +114,9 @@ def _list_files(folder, ext):
                 continue
             path = os.path.join(dirpath, name)
             if (group, stem) in found:
-                raise DataError(f"{path}: same name as {found[group, stem]} (names must be unique within a group)")
+                raise DataError(
+                    f"{path}: same name as {found[group, stem]} (names must be unique within a group)"
+                )
             found[group, stem] = path
     return found
 
@@ -117,13 +130,20 @@ def _find_pairs(root, ext):
             raise DataError(f"{folder}: no such directory (expected {folder}/<group>/<name>{ext})")
         files[kind] = _list_files(folder, ext)
         if not files[kind]:
-            raise DataError(f"{folder}: no {ext} files in it (expected {folder}/<group>/<name>{ext})")
-    for kind, other, role in (("Images", "Masks", "image has no mask"), ("Masks", "Images", "mask has no image")):
+            raise DataError(
+                f"{folder}: no {ext} files in it (expected {folder}/<group>/<name>{ext})"
+            )
+    for kind, other, role in (
+        ("Images", "Masks", "image has no mask"),
+        ("Masks", "Images", "mask has no image"),
+    ):
         for group, stem in sorted(files[kind].keys() - files[other].keys()):
             expected = os.path.join(root, other, group, stem + ext)
             raise DataError(f"{files[kind][group, stem]}: {role} (expected {expected})")
-    return [(group, stem, files["Images"][group, stem], files["Masks"][group, stem])
-            for group, stem in sorted(files["Images"])]
+    return [
+        (group, stem, files["Images"][group, stem], files["Masks"][group, stem])
+        for group, stem in sorted(files["Images"])
+    ]
 
 
 def _write_atomic(path, data):
@@ -233,20 +253,26 @@ def _mask_array(path, data):
     if img.mode in ("RGB", "RGBA"):
         rgb = np.asarray(img)[..., :3]
         if not ((rgb[..., 0] == rgb[..., 1]).all() and (rgb[..., 1] == rgb[..., 2]).all()):
-            raise DataError(f"{path}: colour RGB mask (R, G, B differ); save it as a palette (mode P) or "
-                            f"greyscale class-index PNG, so that each class is an index, not a colour")
+            raise DataError(
+                f"{path}: colour RGB mask (R, G, B differ); save it as a palette (mode P) or "
+                f"greyscale class-index PNG, so that each class is an index, not a colour"
+            )
         values = rgb[..., 0]
     elif img.mode in ("1", "LA"):
         values = np.asarray(img.convert("L"))
     elif img.mode in ("L", "I", "I;16"):
         values = np.asarray(img)
     else:
-        raise DataError(f"{path}: mask of PNG mode {img.mode} (expected greyscale L, palette P, or RGB with R == G == B)")
+        raise DataError(
+            f"{path}: mask of PNG mode {img.mode} (expected greyscale L, palette P, or RGB with R == G == B)"
+        )
     present = np.unique(values)
     if set(present.tolist()) <= {0, 255}:
         values = values == 255
     elif present[0] < 0 or present[-1] > 255:
-        raise DataError(f"{path}: mask values {present[0]}..{present[-1]} do not fit uint8 class indices (expected 0..255)")
+        raise DataError(
+            f"{path}: mask values {present[0]}..{present[-1]} do not fit uint8 class indices (expected 0..255)"
+        )
     return values.astype(np.uint8)[..., None]
 
 
@@ -257,7 +283,8 @@ def _record_path(npy):
 
 
 def _sha256(f):
-    """The hex SHA-256 of the rest of the open file ``f``, read 1 MiB at a time (``hashlib.file_digest`` is 3.11+)."""
+    """The hex SHA-256 of the rest of the open file ``f``, read 1 MiB at a time
+    (``hashlib.file_digest`` is 3.11+)."""
     digest = hashlib.sha256()
     for chunk in iter(lambda: f.read(1 << 20), b""):
         digest.update(chunk)
@@ -296,7 +323,9 @@ def _convert(png, npy, to_array):
     # record, which the next run converts again, never a record that vouches for the wrong one.
     _remove(record)
     _write_atomic(npy, _npy_bytes(array))
-    _write_atomic(record, json.dumps({"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}).encode())
+    _write_atomic(
+        record, json.dumps({"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}).encode()
+    )
 
 
 def _outputs(dst_root):
@@ -308,20 +337,25 @@ def _outputs(dst_root):
                 if name.endswith(".npy") and not name.startswith("."):
                     found.add(os.path.join(dirpath, name))
                 elif name.startswith(".") and name.endswith(".npy.source"):
-                    found.add(os.path.join(dirpath, name[1:-len(".source")]))
+                    found.add(os.path.join(dirpath, name[1 : -len(".source")]))
     return found
 
 
 def _plan(pairs, src_root, dst_root):
-    """(todo, stale) of ``png2numpy``: the (png, npy, to_array) to convert, and the ``.npy`` to remove."""
+    """(todo, stale) of ``png2numpy``: the (png, npy, to_array) to convert, and the ``.npy`` to
+    remove."""
     wanted, todo = set(), []
     for group, stem, image_png, mask_png in progress(pairs, len(pairs), "checking PNG pairs"):
         image_size, mask_size = _png_size(image_png), _png_size(mask_png)
         if image_size != mask_size:
-            raise DataError(f"{mask_png}: mask is {mask_size[0]}x{mask_size[1]} but its image {image_png} is "
-                            f"{image_size[0]}x{image_size[1]} (height x width must match)")
-        for kind, png, to_array, channels in (("Images", image_png, _image_array, 3),
-                                               ("Masks", mask_png, _mask_array, 1)):
+            raise DataError(
+                f"{mask_png}: mask is {mask_size[0]}x{mask_size[1]} but its image {image_png} is "
+                f"{image_size[0]}x{image_size[1]} (height x width must match)"
+            )
+        for kind, png, to_array, channels in (
+            ("Images", image_png, _image_array, 3),
+            ("Masks", mask_png, _mask_array, 1),
+        ):
             npy = os.path.join(dst_root, kind, group, stem + ".npy")
             wanted.add(npy)
             if not _is_current(npy, png, (*image_size, channels)):
@@ -329,9 +363,13 @@ def _plan(pairs, src_root, dst_root):
     stale = sorted(_outputs(dst_root) - wanted)
     for npy in stale:
         if not os.path.exists(_record_path(npy)):
-            png = os.path.join(src_root, os.path.splitext(os.path.relpath(npy, dst_root))[0] + ".png")
-            raise DataError(f"{npy}: not written by data_processing.py and there is no {png}; remove it "
-                            f"(a prepared root mirrors its PNG root)")
+            png = os.path.join(
+                src_root, os.path.splitext(os.path.relpath(npy, dst_root))[0] + ".png"
+            )
+            raise DataError(
+                f"{npy}: not written by data_processing.py and there is no {png}; remove it "
+                f"(a prepared root mirrors its PNG root)"
+            )
     return todo, stale
 
 
@@ -381,17 +419,22 @@ def make_csv_file_npy(dst_root, valid_fraction=0.2, seed=42):
     goes to train). Rows are sorted by group, then name. Returns {group: (n_train, n_valid)}.
     """
     if not 0 < valid_fraction < 1:
-        raise ValueError(f"valid_fraction must be between 0 and 1 (exclusive), got {valid_fraction}")
+        raise ValueError(
+            f"valid_fraction must be between 0 and 1 (exclusive), got {valid_fraction}"
+        )
     with _locked(dst_root):
         groups = defaultdict(list)
         for group, _, image, mask in _find_pairs(dst_root, ".npy"):
-            groups[group].append(tuple(os.path.relpath(p, dst_root).replace(os.sep, "/") for p in (image, mask)))
+            groups[group].append(
+                tuple(os.path.relpath(p, dst_root).replace(os.sep, "/") for p in (image, mask))
+            )
         rows = {split: [] for split in SPLITS}
         counts = {}
         for group, pairs in groups.items():
             n = len(pairs)
             n_valid = min(max(round(valid_fraction * n), 1), n - 1) if n >= 2 else 0
-            # Seeded per group, so adding or removing a group leaves the split of the others as it was.
+            # Seeded per group, so adding or removing a group leaves the split of the others as it
+            # was.
             valid = set(random.Random(f"{seed}/{group}").sample(range(n), n_valid))
             for k, pair in enumerate(pairs):
                 rows["valid" if k in valid else "train"].append(pair)
@@ -401,7 +444,9 @@ def make_csv_file_npy(dst_root, valid_fraction=0.2, seed=42):
             writer = csv.writer(text, lineterminator="\n")
             writer.writerow(CSV_HEADER)
             writer.writerows((i, image, mask) for i, (image, mask) in enumerate(rows[split]))
-            _write_if_changed(os.path.join(dst_root, "csv_file", f"{split}.csv"), text.getvalue().encode())
+            _write_if_changed(
+                os.path.join(dst_root, "csv_file", f"{split}.csv"), text.getvalue().encode()
+            )
     return counts
 
 
@@ -419,8 +464,10 @@ def prepare(root, valid_fraction=0.2, seed=42, demo=False):
     if all(os.path.isfile(os.path.join(root, "csv_file", f"{split}.csv")) for split in SPLITS):
         return root
     if not any(os.path.isdir(os.path.join(root, kind)) for kind in ("Images", "Masks")):
-        raise DataError(f"{root}: neither a prepared root (csv_file/train.csv, csv_file/valid.csv) "
-                        f"nor a PNG root (Images/<group>/<name>.png, Masks/<group>/<name>.png)")
+        raise DataError(
+            f"{root}: neither a prepared root (csv_file/train.csv, csv_file/valid.csv) "
+            f"nor a PNG root (Images/<group>/<name>.png, Masks/<group>/<name>.png)"
+        )
     prepared = os.path.join(root, PREPARED_SUBDIR)
     png2numpy(root, prepared)
     make_csv_file_npy(prepared, valid_fraction, seed)
@@ -433,7 +480,8 @@ def prepare(root, valid_fraction=0.2, seed=42, demo=False):
 
 
 def _superellipse(centre, a, b, angle, power, points=48):
-    """Outline of |x/a|^p + |y/b|^p = 1 rotated by ``angle``: p=2 an ellipse, p>=4 a rounded rectangle."""
+    """Outline of |x/a|^p + |y/b|^p = 1 rotated by ``angle``: p=2 an ellipse, p>=4 a rounded
+    rectangle."""
     t = np.linspace(0, 2 * np.pi, points, endpoint=False)
     x = a * np.sign(np.cos(t)) * np.abs(np.cos(t)) ** (2 / power)
     y = b * np.sign(np.sin(t)) * np.abs(np.sin(t)) ** (2 / power)
@@ -478,29 +526,45 @@ def _demo_scene(rng, height, width):
         finger_tone = tone * rng.uniform(0.85, 1.1)
         # A shadow gives edges that are not nails, so the shape alone does not give nails away.
         shadow = finger + across * rng.uniform(-0.15, 0.15) * finger_width + 0.05 * finger_width
-        paint(_superellipse(shadow, finger_length / 2, finger_width / 2, angle, 3), finger_tone * 0.7, False)
-        paint(_superellipse(finger, finger_length / 2, finger_width / 2, angle, 3), finger_tone, False)
-        nail_length, nail_width = finger_width * rng.uniform(0.8, 1.2), finger_width * rng.uniform(0.6, 0.8)
+        paint(
+            _superellipse(shadow, finger_length / 2, finger_width / 2, angle, 3),
+            finger_tone * 0.7,
+            False,
+        )
+        paint(
+            _superellipse(finger, finger_length / 2, finger_width / 2, angle, 3), finger_tone, False
+        )
+        nail_length, nail_width = (
+            finger_width * rng.uniform(0.8, 1.2),
+            finger_width * rng.uniform(0.6, 0.8),
+        )
         nail = tip - along * (nail_length / 2 + 0.08 * finger_width)
         nail_angle = angle + rng.normal(0, 0.1)
         nail_colour = np.array(NAIL_COLOURS[rng.integers(len(NAIL_COLOURS))]) + rng.normal(0, 12, 3)
-        paint(_superellipse(nail, nail_length / 2, nail_width / 2, nail_angle, rng.uniform(2, 5)), nail_colour, True)
+        paint(
+            _superellipse(nail, nail_length / 2, nail_width / 2, nail_angle, rng.uniform(2, 5)),
+            nail_colour,
+            True,
+        )
         streak = nail + across * nail_width * rng.uniform(-0.25, 0.25)
-        draw_gloss.polygon(_superellipse(streak, nail_length * 0.3, nail_width * 0.1, nail_angle, 2),
-                           fill=int(rng.integers(90, 170)))
+        draw_gloss.polygon(
+            _superellipse(streak, nail_length * 0.3, nail_width * 0.1, nail_angle, 2),
+            fill=int(rng.integers(90, 170)),
+        )
     gloss = gloss.filter(ImageFilter.GaussianBlur(side / 150))
     image = Image.composite(Image.new("RGB", image.size, (255, 255, 255)), image, gloss)
     return image.filter(ImageFilter.GaussianBlur(0.6)), mask
 
 
 def make_demo_pngs(root, n_per_group=DEMO_PER_GROUP, groups=DEMO_GROUPS, size=DEMO_SIZE, seed=0):
-    """Write a synthetic nail-segmentation PNG root: ``root/{Images,Masks}/<1..groups>/<000..>.png``.
+    """Write a synthetic nail-segmentation PNG root:
+    ``root/{Images,Masks}/<1..groups>/<000..>.png``.
 
-    Images are RGB of ``size`` (height, width); masks are binary 0/255 greyscale PNGs of the
-    nails. The same arguments give byte-identical files, and a file that already holds them is
-    not rewritten. Returns the number of PNG files written. Files of an earlier, larger demo
-    set in ``root`` are left alone. Runs at once on one ``root`` take turns to write: the later
-    one finds the files written and writes none.
+    Images are RGB of ``size`` (height, width); masks are binary 0/255 greyscale PNGs of the nails.
+    The same arguments give byte-identical files, and a file that already holds them is not
+    rewritten. Returns the number of PNG files written. Files of an earlier, larger demo set in
+    ``root`` are left alone. Runs at once on one ``root`` take turns to write: the later one finds
+    the files written and writes none.
     """
     files = {}
     for group in range(1, groups + 1):
@@ -518,41 +582,136 @@ def make_demo_pngs(root, n_per_group=DEMO_PER_GROUP, groups=DEMO_GROUPS, size=DE
         return sum(_write_if_changed(path, data) for path, data in files.items())
 
 
+# the built-in classification demo set (train_classify.py --data demo)
+# -----------------------------------
+
+DEMO_CLASSES = ["circle", "square", "triangle", "ring", "cross", "stripes"]
+
+
+def demo_image(k, rng):
+    """Class ``k``'s shape in its own hue band, at a random place, size and angle, on a noisy colour
+    gradient."""
+    h, w = (int(v) for v in rng.integers(80, 113, size=2))
+    yy, xx = np.mgrid[0:h, 0:w].astype(np.float64)
+    background = (
+        rng.integers(0, 256, 3)
+        + rng.normal(0, 12, (h, w, 3))
+        + (xx[..., None] * rng.uniform(-80, 80, 3) + yy[..., None] * rng.uniform(-80, 80, 3))
+        / max(h, w)
+    )
+    hue = int(255 * ((k / len(DEMO_CLASSES) + rng.uniform(-0.04, 0.04)) % 1))
+    hsv = Image.new("HSV", (1, 1), (hue, int(rng.integers(170, 256)), int(rng.integers(170, 256))))
+    r, angle = rng.uniform(0.25, 0.4) * min(h, w), rng.uniform(0, 2 * np.pi)
+    x, y = xx - rng.uniform(r, w - r), yy - rng.uniform(r, h - r)
+    u, v = (
+        x * np.cos(angle) + y * np.sin(angle),
+        y * np.cos(angle) - x * np.sin(angle),
+    )  # turned with the shape
+    d, edge = np.hypot(u, v), np.maximum(abs(u), abs(v))
+    inside = {
+        "circle": d < r,
+        "ring": abs(d - 0.83 * r) < r / 6,
+        "square": edge < 0.71 * r,
+        "triangle": (v < r / 2) & (np.sqrt(3) * abs(u) - v < r),
+        "cross": (np.minimum(abs(u), abs(v)) < r / 4) & (edge < r),
+        "stripes": np.sin(u * 2 * np.pi / rng.uniform(8, 14)) > 0,
+    }[DEMO_CLASSES[k]]
+    image = np.where(inside[..., None], np.array(hsv.convert("RGB").getpixel((0, 0))), background)
+    return Image.fromarray(np.clip(image, 0, 255).astype(np.uint8))
+
+
+def make_demo_images(root, train_per_class=120, val_per_class=30, seed=0):
+    """The demo set: JPEGs in ImageFolder layout (``root/{train,val}/<class>/<n>.jpg``), the same
+    bytes every time. Built in a temporary folder and renamed into place, so that an interrupted
+    build is never used; of two builds at once, the first rename wins and the other uses that set.
+    """
+    if not os.path.isdir(root):
+        tmp = f"{root}.tmp-{os.getpid()}"
+        for s, (split, count) in enumerate((("train", train_per_class), ("val", val_per_class))):
+            for k, name in enumerate(DEMO_CLASSES):
+                os.makedirs(os.path.join(tmp, split, name))
+                for i in range(count):
+                    demo_image(k, np.random.default_rng([seed, s, k, i])).save(
+                        os.path.join(tmp, split, name, f"{i:04d}.jpg"), quality=90
+                    )
+        try:
+            os.rename(tmp, root)
+        except OSError:  # another build renamed its copy first: the same bytes, so use it
+            shutil.rmtree(tmp)
+            if not os.path.isdir(root):
+                raise
+    return root
+
+
 # ------------------------------------------------------------------------------------------
 # command line
 # ------------------------------------------------------------------------------------------
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description="Convert PNG image/mask pairs to .npy pairs and a train/valid split.")
-    parser.add_argument("src", metavar="SRC", help="PNG root: SRC/Images/<group>/<name>.png, SRC/Masks/<group>/<name>.png")
-    parser.add_argument("dst", metavar="DST", nargs="?",
-                        help="prepared root to write (Images/, Masks/, csv_file/); may be left out with --demo")
-    parser.add_argument("--valid-fraction", type=float, default=0.2,
-                        help="share of each group's pairs that goes to valid.csv (default: %(default)s)")
-    parser.add_argument("--seed", type=int, default=42, help="seed of the train/valid split (default: %(default)s)")
-    parser.add_argument("--demo", action="store_true", help="first write the synthetic demo PNG set into SRC")
-    parser.add_argument("--demo-per-group", type=int, default=DEMO_PER_GROUP,
-                        help=f"demo pairs in each of its {DEMO_GROUPS} groups (default: %(default)s)")
-    parser.add_argument("--demo-size", type=int, default=DEMO_SIZE[0],
-                        help="side of the square demo images in pixels (default: %(default)s)")
+    parser = argparse.ArgumentParser(
+        description="Convert PNG image/mask pairs to .npy pairs and a train/valid split."
+    )
+    parser.add_argument(
+        "src",
+        metavar="SRC",
+        help="PNG root: SRC/Images/<group>/<name>.png, SRC/Masks/<group>/<name>.png",
+    )
+    parser.add_argument(
+        "dst",
+        metavar="DST",
+        nargs="?",
+        help="prepared root to write (Images/, Masks/, csv_file/); may be left out with --demo",
+    )
+    parser.add_argument(
+        "--valid-fraction",
+        type=float,
+        default=0.2,
+        help="share of each group's pairs that goes to valid.csv (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--seed", type=int, default=42, help="seed of the train/valid split (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--demo", action="store_true", help="first write the synthetic demo PNG set into SRC"
+    )
+    parser.add_argument(
+        "--demo-per-group",
+        type=int,
+        default=DEMO_PER_GROUP,
+        help=f"demo pairs in each of its {DEMO_GROUPS} groups (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--demo-size",
+        type=int,
+        default=DEMO_SIZE[0],
+        help="side of the square demo images in pixels (default: %(default)s)",
+    )
     args = parser.parse_args(argv)
     if args.dst is None and not args.demo:
         parser.error("DST is required unless --demo is given")
     if not 0 < args.valid_fraction < 1:
-        parser.error(f"--valid-fraction must be between 0 and 1 (exclusive), got {args.valid_fraction}")
+        parser.error(
+            f"--valid-fraction must be between 0 and 1 (exclusive), got {args.valid_fraction}"
+        )
     try:
         if args.demo:
-            written = make_demo_pngs(args.src, args.demo_per_group, size=(args.demo_size, args.demo_size))
-            print(f"{args.src}: demo set of {DEMO_GROUPS} groups x {args.demo_per_group} pairs at "
-                  f"{args.demo_size}x{args.demo_size} ({written} PNG files written)")
+            written = make_demo_pngs(
+                args.src, args.demo_per_group, size=(args.demo_size, args.demo_size)
+            )
+            print(
+                f"{args.src}: demo set of {DEMO_GROUPS} groups x {args.demo_per_group} pairs at "
+                f"{args.demo_size}x{args.demo_size} ({written} PNG files written)"
+            )
         if args.dst is not None:
             written = png2numpy(args.src, args.dst)
             counts = make_csv_file_npy(args.dst, args.valid_fraction, args.seed)
             n_train, n_valid = (sum(c[k] for c in counts.values()) for k in (0, 1))
             groups = ", ".join(f"{g or '.'}: {t}+{v}" for g, (t, v) in counts.items())
-            print(f"{args.dst}: {n_train + n_valid} pairs, train {n_train}, valid {n_valid} "
-                  f"(per group train+valid: {groups}); {written} .npy files written")
+            print(
+                f"{args.dst}: {n_train + n_valid} pairs, train {n_train}, valid {n_valid} "
+                f"(per group train+valid: {groups}); {written} .npy files written"
+            )
     except (DataError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)

@@ -8,7 +8,7 @@ SRC holds ImageFolder trees ``train/<class>/<image>`` and ``val/<class>/<image>`
                                          records with features image/encoded, image/class/label
     DST/train/train-000000.tar ...       --format wds: WebDataset tars of <key>.<ext> (the image) +
                                          <key>.cls (the class index as ASCII digits)
-    DST/train/<shard>.idx(.json)         DALI's index of each shard and its summary (pipelines.shard_index)
+    DST/train/<shard>.idx(.json)         DALI's index of each shard and its summary (data_sources.shard_index)
     DST/train/classes.txt                train's class names, one a line, in index order
     DST/val/...                          the same for val, labelled by train's class names
     DST/manifest.json                    written last: the set is complete
@@ -49,7 +49,14 @@ from concurrent.futures import ProcessPoolExecutor
 import google_crc32c
 from PIL import Image
 
-from pipelines import DataError, atomic_open, atomic_temp_pattern, list_image_folder, progress, shard_index
+from data_sources import (
+    DataError,
+    atomic_open,
+    atomic_temp_pattern,
+    list_image_folder,
+    progress,
+    shard_index,
+)
 
 SPLITS = ("train", "val")
 
@@ -73,10 +80,14 @@ def tf_example(image, label):
     """A serialized tf.train.Example of the encoded ``image`` and its int64 ``label``."""
     features = {
         "image/encoded": _field(1, _field(1, image)),  # Feature.bytes_list.value
-        "image/class/label": _field(3, _field(1, _varint(label))),  # Feature.int64_list.value, packed
+        "image/class/label": _field(
+            3, _field(1, _varint(label))
+        ),  # Feature.int64_list.value, packed
     }
     # Example.features = Features, whose field 1 is a map: entries of key = 1, value = 2
-    return _field(1, b"".join(_field(1, _field(1, k.encode()) + _field(2, v)) for k, v in features.items()))
+    return _field(
+        1, b"".join(_field(1, _field(1, k.encode()) + _field(2, v)) for k, v in features.items())
+    )
 
 
 def masked_crc(data):
@@ -86,8 +97,8 @@ def masked_crc(data):
 
 
 def encoded(path, max_size=None, quality=90):
-    """(bytes, extension) of an image as it goes into a shard: the file itself or, when its shorter side exceeds
-    ``max_size``, a JPEG at ``quality`` resized to that shorter side."""
+    """(bytes, extension) of an image as it goes into a shard: the file itself or, when its shorter
+    side exceeds ``max_size``, a JPEG at ``quality`` resized to that shorter side."""
     with open(path, "rb") as f:
         data = f.read()
     if max_size is not None:
@@ -95,15 +106,24 @@ def encoded(path, max_size=None, quality=90):
             with Image.open(io.BytesIO(data)) as image:  # reads the header only
                 w, h = image.size
                 if min(w, h) > max_size:
-                    size = (max_size, round(h * max_size / w)) if w <= h else (round(w * max_size / h), max_size)
-                    # reducing_gap: a large shrink starts with a box reduction, faster and, per PIL, no worse
-                    small = image.convert("RGB").resize(size, Image.Resampling.LANCZOS, reducing_gap=3.0)
+                    size = (
+                        (max_size, round(h * max_size / w))
+                        if w <= h
+                        else (round(w * max_size / h), max_size)
+                    )
+                    # reducing_gap: a large shrink starts with a box reduction, faster and, per PIL,
+                    # no worse
+                    small = image.convert("RGB").resize(
+                        size, Image.Resampling.LANCZOS, reducing_gap=3.0
+                    )
                     out = io.BytesIO()
                     # the EXIF block as it was: DALI's decoder turns an image by its orientation tag
                     small.save(out, "JPEG", quality=quality, exif=image.info.get("exif", b""))
                     return out.getvalue(), ".jpg"
         except (OSError, Image.DecompressionBombError) as e:
-            raise DataError(f"{path}: cannot be decoded to re-encode it for --max-size ({e})") from None
+            raise DataError(
+                f"{path}: cannot be decoded to re-encode it for --max-size ({e})"
+            ) from None
     return data, os.path.splitext(path)[1].lower()
 
 
@@ -111,7 +131,12 @@ def write_tfrecord(f, samples, max_size=None, quality=90):
     for path, label in samples:
         data = tf_example(encoded(path, max_size, quality)[0], label)
         length = struct.pack("<Q", len(data))
-        f.write(length + struct.pack("<I", masked_crc(length)) + data + struct.pack("<I", masked_crc(data)))
+        f.write(
+            length
+            + struct.pack("<I", masked_crc(length))
+            + data
+            + struct.pack("<I", masked_crc(data))
+        )
 
 
 def write_tar(f, samples, keys, max_size=None, quality=90):
@@ -145,29 +170,41 @@ def shard_names(split, count, fmt):
 
 
 def contents(samples, keys):
-    """A digest of what a shard holds: each sample's file, label and key, and the file's size and modification time."""
-    rows = [(path, label, key, (st := os.stat(path)).st_size, st.st_mtime_ns)
-            for (path, label), key in zip(samples, keys)]
+    """A digest of what a shard holds: each sample's file, label and key, and the file's size and
+    modification time."""
+    rows = [
+        (path, label, key, (st := os.stat(path)).st_size, st.st_mtime_ns)
+        for (path, label), key in zip(samples, keys)
+    ]
     return hashlib.sha256(json.dumps(rows).encode()).hexdigest()
 
 
 def check_paths(src, dst):
     for split in SPLITS:
         if not os.path.isdir(os.path.join(src, split)):
-            raise DataError(f"{src}: expected ImageFolder subfolders train/ and val/ in it (no {split}/)")
-    if "://" in dst:  # the trainers read the local set from object storage once it is uploaded as it is
-        raise DataError(f"{dst}: make_shards.py writes to local disk; write there, then upload the folder as it is "
-                        f"(aws s3 sync DST {dst})")
+            raise DataError(
+                f"{src}: expected ImageFolder subfolders train/ and val/ in it (no {split}/)"
+            )
+    if (
+        "://" in dst
+    ):  # the trainers read the local set from object storage once it is uploaded as it is
+        raise DataError(
+            f"{dst}: make_shards.py writes to local disk; write there, then upload the folder as it is "
+            f"(aws s3 sync DST {dst})"
+        )
     if os.path.exists(dst) and not os.path.isdir(dst):
         raise DataError(f"{dst}: exists and is not a directory")
     real_src, real_dst = os.path.realpath(src), os.path.realpath(dst)
-    if real_dst == real_src or any(real_dst.startswith(os.path.join(real_src, s) + os.sep) for s in SPLITS):
+    if real_dst == real_src or any(
+        real_dst.startswith(os.path.join(real_src, s) + os.sep) for s in SPLITS
+    ):
         raise DataError(f"{dst}: must not be SRC or inside SRC's train/ or val/")
 
 
 def our_files(dst, fmt):
-    """(final, temporary): the files in DST that this script writes (paths relative to DST) and the temporaries a
-    killed run left (see pipelines.atomic_open). Any other file in DST/train or DST/val is an error."""
+    """(final, temporary): the files in DST that this script writes (paths relative to DST) and the
+    temporaries a killed run left (see data_sources.atomic_open). Any other file in DST/train or
+    DST/val is an error."""
     names = {"": r"(?:claim|manifest)\.json"}
     for split in SPLITS:
         shard = rf"{split}-\d{{5}}-of-\d{{5}}" if fmt == "tfrecord" else rf"{split}-\d{{6}}\.tar"
@@ -181,8 +218,10 @@ def our_files(dst, fmt):
             elif re.fullmatch(atomic_temp_pattern(name), n):
                 temporary.append(os.path.join(folder, n))
             elif folder:  # DST itself may hold other things: only train/ and val/ are ours
-                raise DataError(f"{os.path.join(path, n)}: not written by make_shards.py --format {fmt}; "
-                                f"choose an empty DST")
+                raise DataError(
+                    f"{os.path.join(path, n)}: not written by make_shards.py --format {fmt}; "
+                    f"choose an empty DST"
+                )
     return final, temporary
 
 
@@ -196,23 +235,40 @@ def read_claim(path):
 
 
 def claim_dst(dst, fmt, settings, digests, overwrite):
-    """Make DST hold only what it may keep, then write its claim (``settings`` and each shard's ``digests``); returns
-    the shards kept (paths relative to DST). A file under a final name is complete (atomic_open), and a claim is
-    written only into a DST whose files are all written for it; so a shard stays where DST's claim is of the same
-    settings and records the same digest for it."""
+    """Make DST hold only what it may keep, then write its claim (``settings`` and each shard's
+    ``digests``); returns the shards kept (paths relative to DST). A file under a final name is
+    complete (atomic_open), and a claim is written only into a DST whose files are all written for
+    it; so a shard stays where DST's claim is of the same settings and records the same digest for
+    it."""
     final, temporary = our_files(dst, fmt)
     old = read_claim(os.path.join(dst, "claim.json"))
     same = old is not None and all(old.get(k) == v for k, v in settings.items())
     if final and not same and not overwrite:
-        why = ", ".join(f"{k} {old.get(k)!r}, not {v!r}" for k, v in settings.items() if old.get(k) != v) if old \
+        why = (
+            ", ".join(
+                f"{k} {old.get(k)!r}, not {v!r}" for k, v in settings.items() if old.get(k) != v
+            )
+            if old
             else f"{final[0]}, with no claim.json"
-        raise DataError(f"{dst}: holds shards not written for this source and these settings ({why}); pass "
-                        f"--overwrite to replace them")
-    keep = {s for s in final if same and s in digests and old.get("shards", {}).get(s) == digests[s]}
+        )
+        raise DataError(
+            f"{dst}: holds shards not written for this source and these settings ({why}); pass "
+            f"--overwrite to replace them"
+        )
+    keep = {
+        s for s in final if same and s in digests and old.get("shards", {}).get(s) == digests[s]
+    }
     if "manifest.json" in final:
-        os.remove(os.path.join(dst, "manifest.json"))  # first: until this run ends, DST is not a complete set
-    for name in set(final + temporary) - keep - {s + ".idx" for s in keep} - {s + ".idx.json" for s in keep} \
-            - {"claim.json", "manifest.json"}:
+        os.remove(
+            os.path.join(dst, "manifest.json")
+        )  # first: until this run ends, DST is not a complete set
+    for name in (
+        set(final + temporary)
+        - keep
+        - {s + ".idx" for s in keep}
+        - {s + ".idx.json" for s in keep}
+        - {"claim.json", "manifest.json"}
+    ):
         os.remove(os.path.join(dst, name))
     os.makedirs(dst, exist_ok=True)
     with atomic_open(os.path.join(dst, "claim.json"), "w") as f:
@@ -220,26 +276,23 @@ def claim_dst(dst, fmt, settings, digests, overwrite):
     return keep
 
 
-def make_shards(src, dst, fmt, shard_size, seed, *, max_size=None, quality=90, workers=1, overwrite=False):
-    """Write the shards, indexes and class lists of both splits, then the manifest; returns the manifest."""
+def make_shards(
+    src, dst, fmt, shard_size, seed, *, max_size=None, quality=90, workers=1, overwrite=False
+):
+    """Write the shards, indexes and class lists of both splits, then the manifest; returns the
+    manifest."""
     check_paths(src, dst)
     src = os.path.abspath(src)
-    train_files, train_labels, classes = list_image_folder(os.path.join(src, "train"))
-    # val is labelled by train's class names: a val class that train lacks is an error
-    val_files, val_labels, _ = list_image_folder(os.path.join(src, "val"), classes)
-    settings = {"source": src, "format": fmt, "shard_size": shard_size, "seed": seed, "max_size": max_size,
-                "quality": quality}
-    manifest, shards = {**settings, "splits": {}, "classes": classes}, {}
-    for split, files, labels in (("train", train_files, train_labels), ("val", val_files, val_labels)):
-        order = list(range(len(files)))
-        random.Random(f"{seed}-{split}").shuffle(order)
-        parts = [order[k:k + shard_size] for k in range(0, len(order), shard_size)]
-        names = shard_names(split, len(parts), fmt)
-        manifest["splits"][split] = {"samples": len(files), "shards": names}
-        for name, part in zip(names, parts):  # key: the image's index in SRC's order
-            shards[os.path.join(split, name)] = [(files[i], labels[i]) for i in part], [f"{i:08d}" for i in part]
+    settings = {
+        "source": src,
+        "format": fmt,
+        "shard_size": shard_size,
+        "seed": seed,
+        "max_size": max_size,
+        "quality": quality,
+    }
+    manifest, shards = plan_shards(src, settings)
     keep = claim_dst(dst, fmt, settings, {s: contents(*shards[s]) for s in shards}, overwrite)
-
     write = functools.partial(write_shard, fmt=fmt, max_size=max_size, quality=quality)
     # fork: workers start at once, without importing torch and DALI again (DALI runs on Linux only)
     with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:
@@ -248,58 +301,132 @@ def make_shards(src, dst, fmt, shard_size, seed, *, max_size=None, quality=90, w
             os.makedirs(folder, exist_ok=True)
             mine = [s for s in shards if s.startswith(split + os.sep)]
             kept = [os.path.join(dst, s) for s in mine if s in keep]
-            list(pool.map(shard_index, kept, [fmt] * len(kept)))  # each index reused, or built again if stale
+            # each kept shard's index reused, or built again if stale
+            list(pool.map(shard_index, kept, [fmt] * len(kept)))
             todo = [s for s in mine if s not in keep]
-            done = pool.map(write, [os.path.join(dst, s) for s in todo], [shards[s][0] for s in todo],
-                            [shards[s][1] for s in todo])
-            images = (key for s, _ in zip(todo, done) for key in shards[s][1])  # a shard's images once it is done
-            for _ in progress(images, sum(len(shards[s][1]) for s in todo), f"{folder}: images written"):
+            paths = [os.path.join(dst, s) for s in todo]
+            done = pool.map(
+                write, paths, [shards[s][0] for s in todo], [shards[s][1] for s in todo]
+            )
+            # a shard's images count once it is done
+            images = (key for s, _ in zip(todo, done) for key in shards[s][1])
+            total = sum(len(shards[s][1]) for s in todo)
+            for _ in progress(images, total, f"{folder}: images written"):
                 pass
             with atomic_open(os.path.join(folder, "classes.txt"), "w") as f:
-                f.write("".join(f"{c}\n" for c in classes))
-            print(f"{folder}: {manifest['splits'][split]['samples']} images in {len(mine)} {fmt} shards"
-                  + (f" ({len(kept)} kept from an earlier run)" if kept else ""))
+                f.write("".join(f"{c}\n" for c in manifest["classes"]))
+            written = f"{manifest['splits'][split]['samples']} images in {len(mine)} {fmt} shards"
+            reused = f" ({len(kept)} kept from an earlier run)" if kept else ""
+            print(f"{folder}: {written}{reused}")
     with atomic_open(os.path.join(dst, "manifest.json"), "w") as f:
         json.dump(manifest, f, indent=1)
     return manifest
 
 
+def plan_shards(src, settings):
+    """(the manifest, {shard path under DST: ([(file, label)], [key])}): both splits in an order
+    shuffled by the seed, cut into shards of ``shard_size``."""
+    train_files, train_labels, classes = list_image_folder(os.path.join(src, "train"))
+    # val is labelled by train's class names: a val class that train lacks is an error
+    val_files, val_labels, _ = list_image_folder(os.path.join(src, "val"), classes)
+    manifest, shards = {**settings, "splits": {}, "classes": classes}, {}
+    size, fmt = settings["shard_size"], settings["format"]
+    for split, files, labels in (
+        ("train", train_files, train_labels),
+        ("val", val_files, val_labels),
+    ):
+        order = list(range(len(files)))
+        random.Random(f"{settings['seed']}-{split}").shuffle(order)
+        parts = [order[k : k + size] for k in range(0, len(order), size)]
+        names = shard_names(split, len(parts), fmt)
+        manifest["splits"][split] = {"samples": len(files), "shards": names}
+        for name, part in zip(names, parts):  # key: the image's index in SRC's order
+            shards[os.path.join(split, name)] = (
+                [(files[i], labels[i]) for i in part],
+                [f"{i:08d}" for i in part],
+            )
+    return manifest, shards
+
+
 def int_in(low, high=None):
-    """An argparse type: an int of at least ``low`` (and at most ``high``), else an error that says so."""
+    """An argparse type: an int of at least ``low`` (and at most ``high``), else an error that says
+    so."""
+
     def parse(text):
         value = int(text)  # a ValueError is argparse's "invalid int value: 'x'"
         if value < low or high is not None and value > high:
-            raise argparse.ArgumentTypeError(f"must be {f'in [{low}, {high}]' if high else f'at least {low}'}, "
-                                             f"got {text}")
+            raise argparse.ArgumentTypeError(
+                f"must be {f'in [{low}, {high}]' if high else f'at least {low}'}, got {text}"
+            )
         return value
+
     parse.__name__ = "int"
     return parse
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description="Convert an ImageFolder root (train/, val/) into TFRecord or "
-                                                 "WebDataset shards with DALI indexes.")
-    parser.add_argument("src", metavar="SRC",
-                        help="ImageFolder root: SRC/train/<class>/<image>, SRC/val/<class>/<image>")
-    parser.add_argument("dst", metavar="DST", help="output root: DST/train/, DST/val/ and DST/manifest.json")
-    parser.add_argument("--format", required=True, choices=["tfrecord", "wds"],
-                        help="tfrecord: TensorFlow's tf.train.Example files; wds: WebDataset tars")
-    parser.add_argument("--shard-size", type=int_in(1), default=1024, help="images per shard (default: %(default)s)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the write-time shuffle (default: %(default)s)")
-    parser.add_argument("--max-size", type=int_in(1), metavar="S",
-                        help="re-encode images whose shorter side exceeds S as JPEGs of shorter side S (default: "
-                             "none, every image copied byte for byte)")
-    parser.add_argument("--quality", type=int_in(1, 100), default=90,
-                        help="JPEG quality of the images --max-size re-encodes (default: %(default)s)")
-    parser.add_argument("--workers", type=int_in(1), default=len(os.sched_getaffinity(0)),
-                        help="processes writing shards (default: the CPUs this process may use, %(default)s)")
-    parser.add_argument("--overwrite", action="store_true",
-                        help="replace this script's files in DST when they are of another source, other settings or "
-                             "another writer (files of other names stay an error)")
+    parser = argparse.ArgumentParser(
+        description="Convert an ImageFolder root (train/, val/) into TFRecord or "
+        "WebDataset shards with DALI indexes."
+    )
+    parser.add_argument(
+        "src",
+        metavar="SRC",
+        help="ImageFolder root: SRC/train/<class>/<image>, SRC/val/<class>/<image>",
+    )
+    parser.add_argument(
+        "dst", metavar="DST", help="output root: DST/train/, DST/val/ and DST/manifest.json"
+    )
+    parser.add_argument(
+        "--format",
+        required=True,
+        choices=["tfrecord", "wds"],
+        help="tfrecord: TensorFlow's tf.train.Example files; wds: WebDataset tars",
+    )
+    parser.add_argument(
+        "--shard-size", type=int_in(1), default=1024, help="images per shard (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--seed", type=int, default=0, help="seed of the write-time shuffle (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--max-size",
+        type=int_in(1),
+        metavar="S",
+        help="re-encode images whose shorter side exceeds S as JPEGs of shorter side S (default: "
+        "none, every image copied byte for byte)",
+    )
+    parser.add_argument(
+        "--quality",
+        type=int_in(1, 100),
+        default=90,
+        help="JPEG quality of the images --max-size re-encodes (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--workers",
+        type=int_in(1),
+        default=len(os.sched_getaffinity(0)),
+        help="processes writing shards (default: the CPUs this process may use, %(default)s)",
+    )
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace this script's files in DST when they are of another source, other settings or "
+        "another writer (files of other names stay an error)",
+    )
     args = parser.parse_args(argv)
     try:
-        make_shards(args.src, args.dst, args.format, args.shard_size, args.seed, max_size=args.max_size,
-                    quality=args.quality, workers=args.workers, overwrite=args.overwrite)
+        make_shards(
+            args.src,
+            args.dst,
+            args.format,
+            args.shard_size,
+            args.seed,
+            max_size=args.max_size,
+            quality=args.quality,
+            workers=args.workers,
+            overwrite=args.overwrite,
+        )
     except (DataError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)

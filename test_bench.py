@@ -14,8 +14,13 @@ QUICK_IMAGES = 64
 
 
 def bench(*args, timeout=300):
-    result = subprocess.run([sys.executable, "bench.py", "--quick", *args], cwd=REPO, capture_output=True,
-                            text=True, timeout=timeout)
+    result = subprocess.run(
+        [sys.executable, "bench.py", "--quick", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     return result.stdout
 
@@ -31,8 +36,16 @@ def quick_run(tmp_path_factory):
 
 def test_quick_run_reports_every_section(quick_run):
     report, stdout, _ = quick_run
-    assert {"meta", "dataset", "segmentation_dataset", "classification", "segmentation", "end_to_end",
-            "sweep", "skipped"} <= report.keys()
+    assert {
+        "meta",
+        "dataset",
+        "segmentation_dataset",
+        "classification",
+        "segmentation",
+        "end_to_end",
+        "sweep",
+        "skipped",
+    } <= report.keys()
     meta = report["meta"]
     assert "bench.py --quick" in meta["command"]
     assert {"dali", "torch", "torchvision", "python"} <= meta["versions"].keys()
@@ -45,9 +58,12 @@ def test_quick_run_reports_every_section(quick_run):
 
     dataset = report["dataset"]
     assert dataset["images"] == QUICK_IMAGES and dataset["classes"] == 16
-    assert 400 ** 2 <= dataset["mean_pixels"] <= 500 ** 2
+    assert 400**2 <= dataset["mean_pixels"] <= 500**2
     assert dataset["mean_kib"] > 0
-    assert report["segmentation_dataset"]["samples"] > 0 and report["segmentation_dataset"]["mean_kib"] > 0
+    assert (
+        report["segmentation_dataset"]["samples"] > 0
+        and report["segmentation_dataset"]["mean_kib"] > 0
+    )
 
     for section in ("classification", "segmentation"):
         rows = {row["loader"]: row for row in report[section]}
@@ -59,8 +75,17 @@ def test_quick_run_reports_every_section(quick_run):
         assert report["end_to_end"] == [] and "end_to_end" in report["skipped"]
     else:
         assert {row["loader"] for row in report["end_to_end"]} == {
-            "synthetic", "dali-mixed", "dali-mixed-hwc", "dali-mixed-hwc-fp16", "dali-mixed-tfrecord", "dali-mixed-wds"}
-        assert all(row["img_per_s"] > 0 and 0 <= row["data_wait_pct"] <= 100 for row in report["end_to_end"])
+            "synthetic",
+            "dali-mixed",
+            "dali-mixed-hwc",
+            "dali-mixed-hwc-fp16",
+            "dali-mixed-tfrecord",
+            "dali-mixed-wds",
+        }
+        assert all(
+            row["img_per_s"] > 0 and 0 <= row["data_wait_pct"] <= 100
+            for row in report["end_to_end"]
+        )
 
     # The printed report carries the same numbers.
     assert f"{dataset['images']} JPEGs" in stdout
@@ -70,8 +95,19 @@ def test_quick_run_reports_every_section(quick_run):
 def test_given_data_and_cache_reuse(quick_run, tmp_path):
     _, _, cache = quick_run
     jpegs = next((cache / "bench-jpegs").iterdir())
-    stdout = bench("--data", str(jpegs), "--cache-dir", str(cache), "--json", str(tmp_path / "given.json"),
-                   "--warmup", "1", "--iters", "1", "--sweep")
+    stdout = bench(
+        "--data",
+        str(jpegs),
+        "--cache-dir",
+        str(cache),
+        "--json",
+        str(tmp_path / "given.json"),
+        "--warmup",
+        "1",
+        "--iters",
+        "1",
+        "--sweep",
+    )
     assert "generating" not in stdout  # the segmentation set is reused, the JPEGs are given
     with open(tmp_path / "given.json") as f:
         report = json.load(f)
@@ -80,4 +116,6 @@ def test_given_data_and_cache_reuse(quick_run, tmp_path):
     if report["meta"]["gpu"] is None:
         assert "sweep" in report["skipped"]
     else:
-        assert len(report["sweep"]) == len(SWEEP_THREADS) * len(SWEEP_HW_DECODER_LOADS) + len(SWEEP_OPTIONS)
+        assert len(report["sweep"]) == len(SWEEP_THREADS) * len(SWEEP_HW_DECODER_LOADS) + len(
+            SWEEP_OPTIONS
+        )

@@ -1,8 +1,8 @@
 """Tests of data_processing.py on tiny PNG roots built in tmp_path; DALI runs on the CPU only."""
 
 import csv
-import re
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -18,7 +18,8 @@ from data_processing import (
     png2numpy,
     prepare,
 )
-from pipelines import DataError, check_segmentation_files, fetch_dali_loader, read_split, segment_iterator
+from data_sources import DataError, check_segmentation_files, read_split
+from pipelines import fetch_dali_loader, segment_iterator
 
 GROUPS = {"1": 5, "2": 4, "3": 2, "4": 1}  # pairs per group: the split rule's edge cases
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -38,8 +39,14 @@ def binary_root(root, groups=GROUPS, size=(12, 10)):
     rng = np.random.default_rng(0)
     for group, n in groups.items():
         for i in range(n):
-            save(root / "Images" / group / f"p{i}.png", rng.integers(0, 256, (*size, 3), dtype=np.uint8))
-            save(root / "Masks" / group / f"p{i}.png", (rng.random(size) < 0.5).astype(np.uint8) * 255)
+            save(
+                root / "Images" / group / f"p{i}.png",
+                rng.integers(0, 256, (*size, 3), dtype=np.uint8),
+            )
+            save(
+                root / "Masks" / group / f"p{i}.png",
+                (rng.random(size) < 0.5).astype(np.uint8) * 255,
+            )
     return root
 
 
@@ -140,7 +147,7 @@ def test_split_is_deterministic_disjoint_complete_and_within_groups(tmp_path):
         assert rows[0] == ["index", "images", "masks"]
         assert [int(r[0]) for r in rows[1:]] == list(range(len(rows) - 1))
         for _, image, mask in rows[1:]:
-            assert image.startswith("Images/") and mask == "Masks/" + image[len("Images/"):]
+            assert image.startswith("Images/") and mask == "Masks/" + image[len("Images/") :]
             assert (dst / image).is_file() and (dst / mask).is_file()
             assert image not in listed, f"{image} listed twice"
             listed[image] = split
@@ -167,7 +174,9 @@ def test_read_split_and_prepare(tmp_path):
     check_segmentation_files(imgs, lbls)
 
     os.remove(lbls[2])
-    with pytest.raises(DataError, match=re.escape(f"train.csv row index 2: {lbls[2]}: no such file")):
+    with pytest.raises(
+        DataError, match=re.escape(f"train.csv row index 2: {lbls[2]}: no such file")
+    ):
         read_split(prepared, "train")
 
 
@@ -177,7 +186,9 @@ def test_prepared_demo_runs_through_the_dali_loader(tmp_path):
     imgs, lbls = read_split(root, "train")
     assert len(imgs) == 6
     check_segmentation_files(imgs, lbls)
-    batch = next(segment_iterator(fetch_dali_loader(imgs, lbls, batch_size=4, mode="train", size=(64, 64))))[0]
+    batch = next(
+        segment_iterator(fetch_dali_loader(imgs, lbls, batch_size=4, mode="train", size=(64, 64)))
+    )[0]
     image, mask = batch["image"], batch["mask"]
     assert tuple(image.shape) == (4, 3, 64, 64) and str(image.dtype) == "torch.float32"
     assert tuple(mask.shape) == (4, 1, 64, 64) and str(mask.dtype) == "torch.uint8"
@@ -243,7 +254,9 @@ def test_replaced_png_of_the_same_size_and_an_older_mtime_is_converted_again(tmp
     size, mtime = png.stat().st_size, png.stat().st_mtime_ns
     Image.fromarray(new).save(png, compress_level=0)
     os.utime(png, ns=(mtime - 10**9,) * 2)
-    assert png.stat().st_size == size and png.stat().st_mtime_ns < min(mtime, npy.stat().st_mtime_ns)
+    assert png.stat().st_size == size and png.stat().st_mtime_ns < min(
+        mtime, npy.stat().st_mtime_ns
+    )
     assert png2numpy(src, dst) == 1
     np.testing.assert_array_equal(np.load(npy), new)
 
@@ -266,9 +279,15 @@ def test_deleted_pairs_leave_the_split_and_their_npy_go(tmp_path):
     # emptied group folders go, a file this tool did not write stays.
     assert tree(dst) == {**tree(fresh), notes.relative_to(dst): b"not ours"}
     assert not (dst / "Images" / "4").exists() and not (dst / "Masks" / "4").exists()
-    rows = read_csv(dst / "csv_file" / "train.csv")[1:] + read_csv(dst / "csv_file" / "valid.csv")[1:]
+    rows = (
+        read_csv(dst / "csv_file" / "train.csv")[1:] + read_csv(dst / "csv_file" / "valid.csv")[1:]
+    )
     assert sorted(image for _, image, _ in rows) == sorted(
-        f"Images/{g}/p{i}.npy" for g, n in GROUPS.items() for i in range(n) if g != "4" and (g, i) != ("2", 1))
+        f"Images/{g}/p{i}.npy"
+        for g, n in GROUPS.items()
+        for i in range(n)
+        if g != "4" and (g, i) != ("2", 1)
+    )
 
 
 def test_npy_without_png_and_record_is_an_error_and_changes_nothing(tmp_path):
@@ -281,7 +300,10 @@ def test_npy_without_png_and_record_is_an_error_and_changes_nothing(tmp_path):
         (src / kind / "2" / "p0.png").unlink()
     before = tree(dst)
     png = src / "Images" / "1" / "extra.png"
-    with pytest.raises(DataError, match=re.escape(f"{foreign}: not written by data_processing.py and there is no {png}")):
+    with pytest.raises(
+        DataError,
+        match=re.escape(f"{foreign}: not written by data_processing.py and there is no {png}"),
+    ):
         png2numpy(src, dst)
     assert tree(dst) == before
 
@@ -301,7 +323,9 @@ def test_a_root_that_cannot_be_locked_is_read_without_a_lock(tmp_path, monkeypat
     before = mtimes(src)
     os_open = os.open
 
-    def no_write_access(path, flags, *args):  # tests may run as root, for whom chmod forbids nothing
+    def no_write_access(
+        path, flags, *args
+    ):  # tests may run as root, for whom chmod forbids nothing
         if path.endswith(".data_processing.lock"):
             raise PermissionError(13, "Permission denied", path)
         return os_open(path, flags, *args)
@@ -321,7 +345,9 @@ def test_interrupted_run_leaves_no_split_and_no_partial_npy(tmp_path, monkeypatc
 
     def interrupted_replace(tmp, path):
         renames.append(path)
-        if len(renames) == 4:  # the second .npy is renamed, the temporary file of its record fully written
+        if (
+            len(renames) == 4
+        ):  # the second .npy is renamed, the temporary file of its record fully written
             raise KeyboardInterrupt
         replace(tmp, path)
 
@@ -393,9 +419,17 @@ print(eval(sys.argv[1], vars(data_processing)))
 
 def at_once(call):
     """[(exit status, stdout, stderr)] of two processes that evaluate ``call`` in data_processing together."""
-    children = [subprocess.Popen([sys.executable, "-c", CHILD, call], cwd=HERE, text=True,
-                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-                for _ in range(2)]
+    children = [
+        subprocess.Popen(
+            [sys.executable, "-c", CHILD, call],
+            cwd=HERE,
+            text=True,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        for _ in range(2)
+    ]
     ready = [child.stdout.readline() for child in children]
     for child in children:
         try:
@@ -463,21 +497,30 @@ def test_folder_without_pngs(tmp_path, empty):
 def test_image_without_mask(tmp_path):
     src = binary_root(tmp_path / "src", {"1": 2})
     (src / "Masks" / "1" / "p1.png").rename(src / "Masks" / "1" / "other.png")
-    with pytest.raises(DataError, match=re.escape(f"{src / 'Images' / '1' / 'p1.png'}: image has no mask")):
+    with pytest.raises(
+        DataError, match=re.escape(f"{src / 'Images' / '1' / 'p1.png'}: image has no mask")
+    ):
         png2numpy(src, tmp_path / "dst")
 
 
 def test_mask_without_image(tmp_path):
     src = binary_root(tmp_path / "src", {"1": 2, "2": 1})
     (src / "Images" / "2" / "p0.png").unlink()
-    with pytest.raises(DataError, match=re.escape(f"{src / 'Masks' / '2' / 'p0.png'}: mask has no image")):
+    with pytest.raises(
+        DataError, match=re.escape(f"{src / 'Masks' / '2' / 'p0.png'}: mask has no image")
+    ):
         png2numpy(src, tmp_path / "dst")
 
 
 def test_mask_size_differs_from_image(tmp_path):
     src = binary_root(tmp_path / "src", {"1": 2})
     mask = save(src / "Masks" / "1" / "p1.png", np.zeros((10, 12), np.uint8))
-    with pytest.raises(DataError, match=re.escape(f"{mask}: mask is 10x12 but its image {src / 'Images' / '1' / 'p1.png'} is 12x10")):
+    with pytest.raises(
+        DataError,
+        match=re.escape(
+            f"{mask}: mask is 10x12 but its image {src / 'Images' / '1' / 'p1.png'} is 12x10"
+        ),
+    ):
         png2numpy(src, tmp_path / "dst")
 
 
@@ -505,27 +548,45 @@ def test_command_line_converts_and_reports(tmp_path, capsys):
     main([str(src), str(tmp_path / "dst"), "--valid-fraction", "0.5", "--seed", "3"])
     out = capsys.readouterr().out.strip()
     assert out.count("\n") == 0
-    assert "12 pairs, train 7, valid 5" in out and "1: 3+2" in out and "24 .npy files written" in out
+    assert (
+        "12 pairs, train 7, valid 5" in out and "1: 3+2" in out and "24 .npy files written" in out
+    )
 
 
 def test_command_line_demo_then_convert(tmp_path, capsys):
     main(["--demo", str(tmp_path / "png"), "--demo-per-group", "2", "--demo-size", "32"])
     assert "16 PNG files written" in capsys.readouterr().out
-    main(["--demo", str(tmp_path / "png"), str(tmp_path / "npy"), "--demo-per-group", "2", "--demo-size", "32"])
+    main(
+        [
+            "--demo",
+            str(tmp_path / "png"),
+            str(tmp_path / "npy"),
+            "--demo-per-group",
+            "2",
+            "--demo-size",
+            "32",
+        ]
+    )
     out = capsys.readouterr().out.splitlines()
     assert "0 PNG files written" in out[0] and "8 pairs, train 4, valid 4" in out[1]
 
 
 def test_command_line_bad_input_prints_one_error_line(tmp_path):
-    result = subprocess.run([sys.executable, "data_processing.py", str(tmp_path / "nope"), str(tmp_path / "dst")],
-                            capture_output=True, text=True, cwd=os.path.dirname(os.path.abspath(__file__)))
+    result = subprocess.run(
+        [sys.executable, "data_processing.py", str(tmp_path / "nope"), str(tmp_path / "dst")],
+        capture_output=True,
+        text=True,
+        cwd=os.path.dirname(os.path.abspath(__file__)),
+    )
     assert result.returncode == 2
-    assert result.stderr == f"error: {tmp_path / 'nope' / 'Images'}: no such directory " \
-                            f"(expected {tmp_path / 'nope' / 'Images'}/<group>/<name>.png)\n"
+    assert (
+        result.stderr == f"error: {tmp_path / 'nope' / 'Images'}: no such directory "
+        f"(expected {tmp_path / 'nope' / 'Images'}/<group>/<name>.png)\n"
+    )
 
 
 # A clock that moves 2 s at every reading, so each PNG seems to take seconds, as in a root of tens of thousands.
-# In a child process: pipelines.progress writes to the sys.stderr of its import, which pytest's capture does not see.
+# In a child process: data_sources.progress writes to the sys.stderr of its import, which pytest's capture does not see.
 SLOW_CLOCK = """
 import itertools, sys, time
 import data_processing
@@ -538,16 +599,31 @@ data_processing.main(sys.argv[1:])
 
 def test_long_conversion_prints_progress_on_stderr_and_a_quick_one_none(tmp_path):
     src, slow_dst, quick_dst = binary_root(tmp_path / "src"), tmp_path / "slow", tmp_path / "quick"
-    slow = subprocess.run([sys.executable, "-c", SLOW_CLOCK, str(src), str(slow_dst)],
-                          capture_output=True, text=True, cwd=HERE)
-    quick = subprocess.run([sys.executable, "data_processing.py", str(src), str(quick_dst)],
-                           capture_output=True, text=True, cwd=HERE)
+    slow = subprocess.run(
+        [sys.executable, "-c", SLOW_CLOCK, str(src), str(slow_dst)],
+        capture_output=True,
+        text=True,
+        cwd=HERE,
+    )
+    quick = subprocess.run(
+        [sys.executable, "data_processing.py", str(src), str(quick_dst)],
+        capture_output=True,
+        text=True,
+        cwd=HERE,
+    )
     assert (quick.returncode, quick.stderr) == (0, ""), quick
-    assert quick.stdout.startswith(f"{quick_dst}: 12 pairs") and quick.stdout.endswith(" 24 .npy files written\n")
+    assert quick.stdout.startswith(f"{quick_dst}: 12 pairs") and quick.stdout.endswith(
+        " 24 .npy files written\n"
+    )
     # The progress lines leave stdout as it was: the same summary line.
-    assert (slow.returncode, slow.stdout) == (0, quick.stdout.replace(str(quick_dst), str(slow_dst))), slow
+    assert (slow.returncode, slow.stdout) == (
+        0,
+        quick.stdout.replace(str(quick_dst), str(slow_dst)),
+    ), slow
     lines = slow.stderr.splitlines()
-    assert all(line.startswith(("checking PNG pairs: ", "converting PNGs to .npy: ")) for line in lines), lines
+    assert all(
+        line.startswith(("checking PNG pairs: ", "converting PNGs to .npy: ")) for line in lines
+    ), lines
     # Two checks: the one that finds work to do, then the plan made again under the writers' lock.
     assert lines.count("checking PNG pairs: 12 done in 26 s") == 2, lines
     assert "converting PNGs to .npy: 3/24 (12 %), 0.5/s, eta 42 s" in lines, lines

@@ -74,11 +74,41 @@ def torchrun(tmp_path, *flags, port, script=None, nproc=2, env=CPU_ENV):
         script = tmp_path / "spy.py"
         script.write_text(SPY.format(here=HERE, out=str(tmp_path)))
     return subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", f"--master_port={port}", str(script),
-         "--data", str(tmp_path / "data"), "--arch", "resnet18", "--train-crop-size", "64", "--val-crop-size", "64",
-         "--val-resize-size", "64", "--batch-size", str(BATCH), "--workers", "1", "--dali-device", "cpu",
-         "--print-freq", "1", "--output-dir", str(tmp_path / "out"), *flags],
-        cwd=HERE, capture_output=True, text=True, timeout=600, env=env)
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            f"--nproc_per_node={nproc}",
+            f"--master_port={port}",
+            str(script),
+            "--data",
+            str(tmp_path / "data"),
+            "--arch",
+            "resnet18",
+            "--train-crop-size",
+            "64",
+            "--val-crop-size",
+            "64",
+            "--val-resize-size",
+            "64",
+            "--batch-size",
+            str(BATCH),
+            "--workers",
+            "1",
+            "--dali-device",
+            "cpu",
+            "--print-freq",
+            "1",
+            "--output-dir",
+            str(tmp_path / "out"),
+            *flags,
+        ],
+        cwd=HERE,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
 
 
 def make_data(root):
@@ -87,7 +117,8 @@ def make_data(root):
             os.makedirs(root / split / f"c{i % 2}", exist_ok=True)
             # red channel = 10 * (i + 1): the image's id, readable after crop, resize and flip
             Image.fromarray(np.full((64, 80, 3), (10 * (i + 1), 90, 160), np.uint8)).save(
-                root / split / f"c{i % 2}" / f"{i}.png")
+                root / split / f"c{i % 2}" / f"{i}.png"
+            )
 
 
 def test_two_processes_train_on_real_samples_and_validate_each_once(tmp_path):
@@ -96,7 +127,9 @@ def test_two_processes_train_on_real_samples_and_validate_each_once(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "destroy_process_group" not in proc.stderr  # shut down cleanly
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text())["passes"] for r in range(2)]
-    bn_updates = [json.loads((tmp_path / f"rank{r}.json").read_text())["bn_updates"] for r in range(2)]
+    bn_updates = [
+        json.loads((tmp_path / f"rank{r}.json").read_text())["bn_updates"] for r in range(2)
+    ]
 
     # training: equal step counts, full batches of nothing but real images, every image at least once
     steps = -(-((N_TRAIN + 1) // 2) // BATCH)  # the larger shard's batches: 9 samples -> 3
@@ -123,15 +156,15 @@ def test_two_processes_train_on_real_samples_and_validate_each_once(tmp_path):
 INDEX_SPY = """
 import os, runpy, sys
 sys.path.insert(0, {here!r})
-import pipelines
-scan = pipelines._scan_shard
+import data_sources
+scan = data_sources._scan_shard
 
 def spy_scan(shard, layout):
     with open({log!r}, "a") as f:
         f.write(f"{{os.environ['LOCAL_RANK']}} {{os.path.basename(shard)}}\\n")
     return scan(shard, layout)
 
-pipelines._scan_shard = spy_scan
+data_sources._scan_shard = spy_scan
 sys.argv = [os.path.join({here!r}, "train_classify.py")] + sys.argv[1:]
 runpy.run_path(sys.argv[0], run_name="__main__")
 """
@@ -139,9 +172,15 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 
 def test_one_process_per_node_indexes_the_shards(tmp_path):
     from make_shards import make_shards
+
     make_data(tmp_path / "png")
     make_shards(str(tmp_path / "png"), str(tmp_path / "data"), "wds", 4, 0)
-    shards = sorted(f for split in ("train", "val") for f in os.listdir(tmp_path / "data" / split) if f.endswith(".tar"))
+    shards = sorted(
+        f
+        for split in ("train", "val")
+        for f in os.listdir(tmp_path / "data" / split)
+        if f.endswith(".tar")
+    )
     for split in ("train", "val"):
         for f in os.listdir(tmp_path / "data" / split):
             if ".idx" in f:
@@ -151,14 +190,18 @@ def test_one_process_per_node_indexes_the_shards(tmp_path):
     proc = torchrun(tmp_path, "--epochs", "1", port=29524, script=str(script))
     assert proc.returncode == 0, proc.stderr[-3000:]
     scans = (tmp_path / "scans.log").read_text().split("\n")[:-1]
-    assert sorted(scans) == sorted(f"0 {shard}" for shard in shards)  # each shard once, by local rank 0
+    assert sorted(scans) == sorted(
+        f"0 {shard}" for shard in shards
+    )  # each shard once, by local rank 0
 
 
 def test_a_failing_rank_ends_the_job_with_its_error_line(tmp_path):
     make_data(tmp_path / "data")
     bad = tmp_path / "data" / "train" / "c1" / "3.png"  # in one rank's shard only
     bad.write_bytes(b"\x89PNG\r\n\x1a\n broken")
-    proc = torchrun(tmp_path, "--epochs", "1", port=29518, script=os.path.join(HERE, "train_classify.py"))
+    proc = torchrun(
+        tmp_path, "--epochs", "1", port=29518, script=os.path.join(HERE, "train_classify.py")
+    )
     assert proc.returncode != 0
     assert f"error: {bad}: cannot decode this image" in proc.stderr, proc.stderr[-3000:]
     assert "destroy_process_group" not in proc.stderr
@@ -170,31 +213,75 @@ def test_two_process_segmentation_dice_equals_one_process_evaluation_of_its_chec
     common = ["--data", "demo", "-b", "8", "--workers", "1", "--dali-device", "cpu"]
     env = CPU_ENV
     trained = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29519", "train_segment.py",
-         *common, "--epochs", "1", "--output-dir", str(tmp_path / "out")],
-        cwd=HERE, capture_output=True, text=True, timeout=600, env=env)
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node=2",
+            "--master_port=29519",
+            "train_segment.py",
+            *common,
+            "--epochs",
+            "1",
+            "--output-dir",
+            str(tmp_path / "out"),
+        ],
+        cwd=HERE,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
     assert trained.returncode == 0, trained.stderr[-3000:]
     with open(tmp_path / "out" / "metrics.jsonl") as f:
         (logged,) = [r for r in map(json.loads, f) if r["type"] == "epoch"]
     checkpoint = ["--resume", str(tmp_path / "out" / "checkpoint.pth"), "--evaluate"]
-    for launcher in ([sys.executable], [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
-                                        "--master_port=29520"]):
-        proc = subprocess.run([*launcher, "train_segment.py", *common, *checkpoint],
-                              cwd=HERE, capture_output=True, text=True, timeout=600, env=env)
+    for launcher in (
+        [sys.executable],
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node=2",
+            "--master_port=29520",
+        ],
+    ):
+        proc = subprocess.run(
+            [*launcher, "train_segment.py", *common, *checkpoint],
+            cwd=HERE,
+            capture_output=True,
+            text=True,
+            timeout=600,
+            env=env,
+        )
         assert proc.returncode == 0, proc.stderr[-3000:]
-        assert f"Test: Dice {logged['val_dice']:.3f} IoU {logged['val_iou']:.3f}" in proc.stdout, (logged, proc.stdout[-500:])
+        assert f"Test: Dice {logged['val_dice']:.3f} IoU {logged['val_iou']:.3f}" in proc.stdout, (
+            logged,
+            proc.stdout[-500:],
+        )
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_more_processes_than_gpus_is_refused_with_one_line(tmp_path):
     make_data(tmp_path / "data")
     gpus = torch.cuda.device_count()
-    proc = torchrun(tmp_path, "--epochs", "1", port=29521, script=os.path.join(HERE, "train_classify.py"),
-                    nproc=gpus + 1, env=os.environ)
+    proc = torchrun(
+        tmp_path,
+        "--epochs",
+        "1",
+        port=29521,
+        script=os.path.join(HERE, "train_classify.py"),
+        nproc=gpus + 1,
+        env=os.environ,
+    )
     assert proc.returncode != 0
-    assert (f"error: LOCAL_RANK {gpus}: this machine shows {gpus} CUDA device(s) and each process needs one; "
-            f"start at most that many (torchrun --nproc_per_node)") in proc.stderr, proc.stderr[-3000:]
-    assert "invalid device ordinal" not in proc.stderr and "destroy_process_group" not in proc.stderr
+    assert (
+        f"error: LOCAL_RANK {gpus}: this machine shows {gpus} CUDA device(s) and each process needs one; "
+        f"start at most that many (torchrun --nproc_per_node)"
+    ) in proc.stderr, proc.stderr[-3000:]
+    assert (
+        "invalid device ordinal" not in proc.stderr and "destroy_process_group" not in proc.stderr
+    )
 
 
 def test_sigterm_stops_every_rank_at_one_step_with_one_checkpoint(tmp_path):
@@ -204,27 +291,72 @@ def test_sigterm_stops_every_rank_at_one_step_with_one_checkpoint(tmp_path):
         for i in range(n):
             os.makedirs(tmp_path / "data" / split / f"c{i % 2}", exist_ok=True)
             Image.fromarray(np.full((64, 80, 3), (i % 250, 90, 160), np.uint8)).save(
-                tmp_path / "data" / split / f"c{i % 2}" / f"{i}.png")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29522",
-           os.path.join(HERE, "train_classify.py"), "--data", str(tmp_path / "data"), "--arch", "resnet18",
-           "--train-crop-size", "32", "--val-crop-size", "32", "--val-resize-size", "32", "--batch-size", "4",
-           "--workers", "1", "--dali-device", "cpu", "--print-freq", "1", "--epochs", "1",
-           "--output-dir", str(tmp_path / "out")]
-    proc = subprocess.Popen(cmd, cwd=HERE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=CPU_ENV)
+                tmp_path / "data" / split / f"c{i % 2}" / f"{i}.png"
+            )
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node=2",
+        "--master_port=29522",
+        os.path.join(HERE, "train_classify.py"),
+        "--data",
+        str(tmp_path / "data"),
+        "--arch",
+        "resnet18",
+        "--train-crop-size",
+        "32",
+        "--val-crop-size",
+        "32",
+        "--val-resize-size",
+        "32",
+        "--batch-size",
+        "4",
+        "--workers",
+        "1",
+        "--dali-device",
+        "cpu",
+        "--print-freq",
+        "1",
+        "--epochs",
+        "1",
+        "--output-dir",
+        str(tmp_path / "out"),
+    ]
+    proc = subprocess.Popen(
+        cmd, cwd=HERE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=CPU_ENV
+    )
     metrics = tmp_path / "out" / "metrics.jsonl"
     deadline = time.time() + 300
-    while not (metrics.exists() and sum(json.loads(r)["type"] == "train" for r in metrics.read_text().splitlines()) >= 2):
+    while not (
+        metrics.exists()
+        and sum(json.loads(r)["type"] == "train" for r in metrics.read_text().splitlines()) >= 2
+    ):
         assert proc.poll() is None and time.time() < deadline, proc.stderr.read()[-3000:]
         time.sleep(0.01)
     proc.send_signal(signal.SIGTERM)
     stderr = proc.communicate(timeout=300)[1]
     ckpt = torch.load(tmp_path / "out" / "checkpoint.pth", weights_only=True)
-    assert ckpt["world_size"] == 2 and len(ckpt["dali"]) == len(ckpt["rng"]) == len(ckpt["loss_sum"]) == 2
+    assert (
+        ckpt["world_size"] == 2
+        and len(ckpt["dali"]) == len(ckpt["rng"]) == len(ckpt["loss_sum"]) == 2
+    )
     assert 2 <= ckpt["step"] < 20  # 80 samples a rank, batch 4
     assert stderr.count("stopped by SIGTERM at epoch 1 step") == 1, stderr[-3000:]
     assert f"step {ckpt['step']}: saved {tmp_path / 'out' / 'checkpoint.pth'}" in stderr
-    resumed = subprocess.run(cmd[:4] + ["--master_port=29523"] + cmd[5:] + ["--resume", str(tmp_path / "out" / "checkpoint.pth")],
-                             cwd=HERE, capture_output=True, text=True, timeout=600, env=CPU_ENV)
+    resumed = subprocess.run(
+        cmd[:4]
+        + ["--master_port=29523"]
+        + cmd[5:]
+        + ["--resume", str(tmp_path / "out" / "checkpoint.pth")],
+        cwd=HERE,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=CPU_ENV,
+    )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    train = [json.loads(r) for r in metrics.read_text().splitlines() if json.loads(r)["type"] == "train"]
+    train = [
+        json.loads(r) for r in metrics.read_text().splitlines() if json.loads(r)["type"] == "train"
+    ]
     assert [r["global_step"] for r in train] == list(range(1, 21))

@@ -17,12 +17,16 @@ import numpy as np
 import pytest
 from PIL import Image
 
+import data_sources
 import make_shards as make_shards_module
-import pipelines
 from make_shards import main, make_shards
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-TRAIN = {"Apple": 4, "b c": 5, "zebra": 3}  # class -> images; sorted as torchvision sorts: Apple 0, b c 1, zebra 2
+TRAIN = {
+    "Apple": 4,
+    "b c": 5,
+    "zebra": 3,
+}  # class -> images; sorted as torchvision sorts: Apple 0, b c 1, zebra 2
 VAL = {"zebra": 2, "Apple": 1}  # a subset: labelled by train's indices
 
 
@@ -32,7 +36,9 @@ def image_folder(root, blue=99):
         for c, (name, n) in enumerate(counts.items()):
             (root / split / name).mkdir(parents=True)
             for i in range(n):
-                Image.new("RGB", (8 + i, 6 + c), (30 * c, 20 * i, blue)).save(root / split / name / f"{i}.png")
+                Image.new("RGB", (8 + i, 6 + c), (30 * c, 20 * i, blue)).save(
+                    root / split / name / f"{i}.png"
+                )
     return root
 
 
@@ -72,9 +78,13 @@ def tar_pairs(path):
         members = tar.getmembers()
         names = [m.name for m in members]
         assert [n.rsplit(".", 1)[1] for n in names] == ["png", "cls"] * (len(names) // 2)
-        assert [n.rsplit(".", 1)[0] for n in names[::2]] == [n.rsplit(".", 1)[0] for n in names[1::2]]
-        return [(tar.extractfile(image).read(), int(tar.extractfile(cls).read().decode("ascii")))
-                for image, cls in zip(members[::2], members[1::2])]
+        assert [n.rsplit(".", 1)[0] for n in names[::2]] == [
+            n.rsplit(".", 1)[0] for n in names[1::2]
+        ]
+        return [
+            (tar.extractfile(image).read(), int(tar.extractfile(cls).read().decode("ascii")))
+            for image, cls in zip(members[::2], members[1::2])
+        ]
 
 
 def shards_of(folder):
@@ -84,7 +94,9 @@ def shards_of(folder):
 def test_tfrecord_names_checksums_and_contents(src, tmp_path):
     manifest = make_shards(str(src), str(tmp_path / "dst"), "tfrecord", shard_size=5, seed=0)
     dst = tmp_path / "dst"
-    assert [p.name for p in shards_of(dst / "train")] == [f"train-0000{k}-of-00003" for k in range(3)]
+    assert [p.name for p in shards_of(dst / "train")] == [
+        f"train-0000{k}-of-00003" for k in range(3)
+    ]
     assert [p.name for p in shards_of(dst / "val")] == ["val-00000-of-00001"]
     for split in ("train", "val"):
         payloads = [d for shard in shards_of(dst / split) for d in tfrecord_payloads(shard)]
@@ -104,12 +116,22 @@ def test_wds_tars_follow_webdatasets_layout(src, tmp_path):
     (src / "train" / "b c" / "0.png").symlink_to(tmp_path / "elsewhere.png")
     make_shards(str(src), str(tmp_path / "dst"), "wds", shard_size=5, seed=0)
     dst = tmp_path / "dst"
-    assert [p.name for p in shards_of(dst / "train")] == ["train-000000.tar", "train-000001.tar", "train-000002.tar"]
+    assert [p.name for p in shards_of(dst / "train")] == [
+        "train-000000.tar",
+        "train-000001.tar",
+        "train-000002.tar",
+    ]
     for split in ("train", "val"):
-        assert sorted(pair for shard in shards_of(dst / split) for pair in tar_pairs(shard)) == source_pairs(src, split)
+        assert sorted(
+            pair for shard in shards_of(dst / split) for pair in tar_pairs(shard)
+        ) == source_pairs(src, split)
     labels = [label for shard in shards_of(dst / "train") for _, label in tar_pairs(shard)]
     assert labels != sorted(labels)  # shuffled across classes at write time
-    assert sorted(label for _, label in tar_pairs(dst / "val" / "val-000000.tar")) == [0, 2, 2]  # train's indices
+    assert sorted(label for _, label in tar_pairs(dst / "val" / "val-000000.tar")) == [
+        0,
+        2,
+        2,
+    ]  # train's indices
 
 
 def test_same_seed_same_shards_other_seed_other_order(src, tmp_path):
@@ -125,28 +147,44 @@ def test_same_seed_same_shards_other_seed_other_order(src, tmp_path):
 def test_the_bytes_do_not_depend_on_the_number_of_workers(src, tmp_path, fmt):
     def written(dst, workers):
         # max_size 6 re-encodes train's images of classes b c and zebra (shorter side 7 and 8), copies Apple's (6)
-        make_shards(str(src), str(tmp_path / dst), fmt, shard_size=2, seed=3, max_size=6, workers=workers)
+        make_shards(
+            str(src), str(tmp_path / dst), fmt, shard_size=2, seed=3, max_size=6, workers=workers
+        )
         # not the .idx.json summaries: they record their shard's modification time
-        return {p.relative_to(tmp_path / dst): p.read_bytes() for p in (tmp_path / dst).rglob("*")
-                if p.is_file() and not p.name.endswith(".idx.json")}
+        return {
+            p.relative_to(tmp_path / dst): p.read_bytes()
+            for p in (tmp_path / dst).rglob("*")
+            if p.is_file() and not p.name.endswith(".idx.json")
+        }
 
     one, two = written("one", 1), written("two", 2)
-    assert len(one) == 2 + (2 * 6 + 1) + (2 * 2 + 1)  # claim, manifest; train's and val's shards, indexes, classes
-    assert any(b"JFIF" in data for data in one.values()) and any(b"\x89PNG" in data for data in one.values())
+    assert len(one) == 2 + (2 * 6 + 1) + (
+        2 * 2 + 1
+    )  # claim, manifest; train's and val's shards, indexes, classes
+    assert any(b"JFIF" in data for data in one.values()) and any(
+        b"\x89PNG" in data for data in one.values()
+    )
     assert one == two
 
 
 def gradient(w, h):
     """An RGB image that is not the same upside down, mirrored or with its channels swapped."""
     ys, xs = np.mgrid[0:h, 0:w]
-    return Image.fromarray(np.dstack([xs * 255 // w, ys * 255 // h, (xs + ys) * 127 // (w + h)]).astype(np.uint8))
+    return Image.fromarray(
+        np.dstack([xs * 255 // w, ys * 255 // h, (xs + ys) * 127 // (w + h)]).astype(np.uint8)
+    )
 
 
 def test_max_size_re_encodes_larger_images_and_copies_the_rest(tmp_path):
     src = tmp_path / "src"
     for split in ("train", "val"):
         (src / split / "a").mkdir(parents=True)
-    sizes = {"wide.png": (45, 30), "tall.png": (30, 47), "at_cap.png": (24, 60), "small.jpg": (20, 16)}
+    sizes = {
+        "wide.png": (45, 30),
+        "tall.png": (30, 47),
+        "at_cap.png": (24, 60),
+        "small.jpg": (20, 16),
+    }
     for name, size in sizes.items():
         gradient(*size).save(src / "train" / "a" / name)
     gradient(8, 8).save(src / "val" / "a" / "0.png")
@@ -157,26 +195,44 @@ def test_max_size_re_encodes_larger_images_and_copies_the_rest(tmp_path):
         with tarfile.open(tmp_path / dst / "train" / "train-000000.tar") as tar:
             images = [m for m in tar.getmembers() if not m.name.endswith(".cls")]
             # a key is the image's index in SRC's order, which sorts by name
-            return {sorted(sizes)[int(m.name.split(".")[0])]: (m.name.split(".")[1], tar.extractfile(m).read())
-                    for m in images}
+            return {
+                sorted(sizes)[int(m.name.split(".")[0])]: (
+                    m.name.split(".")[1],
+                    tar.extractfile(m).read(),
+                )
+                for m in images
+            }
 
     def original(name):
         return (src / "train" / "a" / name).read_bytes()
 
     capped = written("capped", "--max-size", "24")
-    assert {n: ext for n, (ext, _) in capped.items()} == {"wide.png": "jpg", "tall.png": "jpg", "at_cap.png": "png",
-                                                         "small.jpg": "jpg"}
+    assert {n: ext for n, (ext, _) in capped.items()} == {
+        "wide.png": "jpg",
+        "tall.png": "jpg",
+        "at_cap.png": "png",
+        "small.jpg": "jpg",
+    }
     for name, size in (("wide.png", (36, 24)), ("tall.png", (24, 38))):  # 30 x 47 -> 24 x 37.6
         image = Image.open(io.BytesIO(capped[name][1]))
         assert image.format == "JPEG" and image.size == size and image.mode == "RGB"
-        reference = np.asarray(Image.open(src / "train" / "a" / name).resize(size, Image.Resampling.LANCZOS), float)
-        assert np.abs(np.asarray(image, float) - reference).mean() < 4  # the same picture, up to JPEG's loss
-    assert capped["at_cap.png"][1] == original("at_cap.png") and capped["small.jpg"][1] == original("small.jpg")
+        reference = np.asarray(
+            Image.open(src / "train" / "a" / name).resize(size, Image.Resampling.LANCZOS), float
+        )
+        assert (
+            np.abs(np.asarray(image, float) - reference).mean() < 4
+        )  # the same picture, up to JPEG's loss
+    assert capped["at_cap.png"][1] == original("at_cap.png") and capped["small.jpg"][1] == original(
+        "small.jpg"
+    )
     manifest = json.loads((tmp_path / "capped" / "manifest.json").read_text())
     assert (manifest["max_size"], manifest["quality"]) == (24, 90)
 
     lower = written("lower", "--max-size", "24", "--quality", "40")
-    assert len(lower["wide.png"][1]) < len(capped["wide.png"][1]) and lower["at_cap.png"] == capped["at_cap.png"]
+    assert (
+        len(lower["wide.png"][1]) < len(capped["wide.png"][1])
+        and lower["at_cap.png"] == capped["at_cap.png"]
+    )
     assert json.loads((tmp_path / "lower" / "manifest.json").read_text())["quality"] == 40
     uncapped = written("uncapped")
     assert all(uncapped[n] == (n.split(".")[1], original(n)) for n in sizes)
@@ -185,16 +241,22 @@ def test_max_size_re_encodes_larger_images_and_copies_the_rest(tmp_path):
 
 def test_progress_lines_count_the_images_written(src, tmp_path, monkeypatch):
     out = io.StringIO()
-    monkeypatch.setattr(make_shards_module, "progress", functools.partial(pipelines.progress, out=out))
+    monkeypatch.setattr(
+        make_shards_module, "progress", functools.partial(data_sources.progress, out=out)
+    )
     make_shards(str(src), str(tmp_path / "quick"), "wds", shard_size=5, seed=0)
     assert out.getvalue() == ""  # a job of a second prints no progress
-    monkeypatch.setattr(make_shards_module, "progress", functools.partial(pipelines.progress, every=0, out=out))
+    monkeypatch.setattr(
+        make_shards_module, "progress", functools.partial(data_sources.progress, every=0, out=out)
+    )
     make_shards(str(src), str(tmp_path / "dst"), "wds", shard_size=5, seed=0)
     lines = out.getvalue().splitlines()
     for split, total in (("train", 12), ("val", 3)):
         what = f"{tmp_path / 'dst' / split}: images written: "
-        mine = [line[len(what):] for line in lines if line.startswith(what)]
-        assert [line.split(" ")[0] for line in mine[:-1]] == [f"{k}/{total}" for k in range(1, total + 1)]
+        mine = [line[len(what) :] for line in lines if line.startswith(what)]
+        assert [line.split(" ")[0] for line in mine[:-1]] == [
+            f"{k}/{total}" for k in range(1, total + 1)
+        ]
         assert mine[-1].startswith(f"{total} done in ")
 
 
@@ -221,25 +283,38 @@ make_shards.main()
 def kill_midway(tmp_path, *args):
     """Runs make_shards.py with ``args`` in a process group of its own, killed as a worker writes its second shard."""
     (tmp_path / "spy.py").write_text(SPY.format(here=HERE))
-    killed = subprocess.run([sys.executable, str(tmp_path / "spy.py"), *map(str, args)], capture_output=True,
-                            timeout=300, start_new_session=True)
+    killed = subprocess.run(
+        [sys.executable, str(tmp_path / "spy.py"), *map(str, args)],
+        capture_output=True,
+        timeout=300,
+        start_new_session=True,
+    )
     assert killed.returncode == -signal.SIGKILL, killed.stderr.decode()
 
 
 def train_shards(fmt, count):
-    return [f"train-{k:05d}-of-{count:05d}" if fmt == "tfrecord" else f"train-{k:06d}.tar" for k in range(count)]
+    return [
+        f"train-{k:05d}-of-{count:05d}" if fmt == "tfrecord" else f"train-{k:06d}.tar"
+        for k in range(count)
+    ]
 
 
 def inodes(folder, names):
     """(inode, mtime) of each of ``names`` that exists in ``folder``: a file written again gets a new inode."""
-    return {n: (os.stat(folder / n).st_ino, os.stat(folder / n).st_mtime_ns) for n in names if (folder / n).exists()}
+    return {
+        n: (os.stat(folder / n).st_ino, os.stat(folder / n).st_mtime_ns)
+        for n in names
+        if (folder / n).exists()
+    }
 
 
 @pytest.mark.parametrize("workers", [1, 2])
 @pytest.mark.parametrize("fmt", ["tfrecord", "wds"])
 def test_rerun_after_a_kill_keeps_complete_shards_and_writes_the_rest(src, tmp_path, fmt, workers):
     dst = tmp_path / "dst"
-    make_shards(str(src), str(dst), fmt, shard_size=2, seed=0)  # an earlier set of other settings and names
+    make_shards(
+        str(src), str(dst), fmt, shard_size=2, seed=0
+    )  # an earlier set of other settings and names
     args = [src, dst, "--format", fmt, "--shard-size", "5", "--workers", workers]
     kill_midway(tmp_path, *args, "--overwrite")
     left = os.listdir(dst / "train")
@@ -250,14 +325,22 @@ def test_rerun_after_a_kill_keeps_complete_shards_and_writes_the_rest(src, tmp_p
 
     main([str(a) for a in args])  # the same settings: no --overwrite needed
     assert sorted(os.listdir(dst / "train")) == sorted(
-        ["classes.txt"] + shards + [s + ".idx" for s in shards] + [s + ".idx.json" for s in shards])
+        ["classes.txt"] + shards + [s + ".idx" for s in shards] + [s + ".idx.json" for s in shards]
+    )
     assert inodes(dst / "train", complete) == complete  # not written again
-    assert json.loads((dst / "manifest.json").read_text())["splits"]["train"] == {"samples": 12, "shards": shards}
+    assert json.loads((dst / "manifest.json").read_text())["splits"]["train"] == {
+        "samples": 12,
+        "shards": shards,
+    }
     if fmt == "tfrecord":
         payloads = [d for s in shards for d in tfrecord_payloads(dst / "train" / s)]
-        assert len(payloads) == 12 and all(sum(i in d for d in payloads) == 1 for i, _ in source_pairs(src, "train"))
+        assert len(payloads) == 12 and all(
+            sum(i in d for d in payloads) == 1 for i, _ in source_pairs(src, "train")
+        )
     else:
-        assert sorted(p for s in shards for p in tar_pairs(dst / "train" / s)) == source_pairs(src, "train")
+        assert sorted(p for s in shards for p in tar_pairs(dst / "train" / s)) == source_pairs(
+            src, "train"
+        )
 
 
 def test_rerun_rewrites_only_the_shards_whose_images_changed(src, tmp_path, capsys):
@@ -268,13 +351,25 @@ def test_rerun_rewrites_only_the_shards_whose_images_changed(src, tmp_path, caps
     before = inodes(dst / "train", names)
     main(args)
     assert inodes(dst / "train", names) == before
-    assert f"{dst / 'train'}: 12 images in 3 wds shards (3 kept from an earlier run)\n" in capsys.readouterr().out
-    (src / "train" / "zebra" / "1.png").write_bytes((src / "train" / "zebra" / "2.png").read_bytes())  # other bytes
+    assert (
+        f"{dst / 'train'}: 12 images in 3 wds shards (3 kept from an earlier run)\n"
+        in capsys.readouterr().out
+    )
+    (src / "train" / "zebra" / "1.png").write_bytes(
+        (src / "train" / "zebra" / "2.png").read_bytes()
+    )  # other bytes
     main(args)
-    assert f"{dst / 'train'}: 12 images in 3 wds shards (2 kept from an earlier run)\n" in capsys.readouterr().out
+    assert (
+        f"{dst / 'train'}: 12 images in 3 wds shards (2 kept from an earlier run)\n"
+        in capsys.readouterr().out
+    )
     after = inodes(dst / "train", names)
-    assert sum(after[n] == before[n] for n in names) == 2  # the shard holding zebra/1.png is written again
-    assert sorted(p for s in shards_of(dst / "train") for p in tar_pairs(s)) == source_pairs(src, "train")
+    assert (
+        sum(after[n] == before[n] for n in names) == 2
+    )  # the shard holding zebra/1.png is written again
+    assert sorted(p for s in shards_of(dst / "train") for p in tar_pairs(s)) == source_pairs(
+        src, "train"
+    )
 
 
 def run_main(capsys, *args):
@@ -287,24 +382,39 @@ def run_main(capsys, *args):
 def test_bad_input_is_one_error_line(src, tmp_path, capsys):
     fmt = ["--format", "wds"]
     assert run_main(capsys, tmp_path / "nope", tmp_path / "dst", *fmt) == (
-        2, f"error: {tmp_path / 'nope'}: expected ImageFolder subfolders train/ and val/ in it (no train/)")
+        2,
+        f"error: {tmp_path / 'nope'}: expected ImageFolder subfolders train/ and val/ in it (no train/)",
+    )
     (tmp_path / "file").write_text("x")
-    assert run_main(capsys, src, tmp_path / "file", *fmt) == (2, f"error: {tmp_path / 'file'}: exists and is not a "
-                                                                 f"directory")
+    assert run_main(capsys, src, tmp_path / "file", *fmt) == (
+        2,
+        f"error: {tmp_path / 'file'}: exists and is not a directory",
+    )
     assert run_main(capsys, src, "s3://bkt/set", *fmt) == (
-        2, "error: s3://bkt/set: make_shards.py writes to local disk; write there, then upload the folder as it is "
-           "(aws s3 sync DST s3://bkt/set)")
-    assert run_main(capsys, src, src, *fmt) == (2, f"error: {src}: must not be SRC or inside SRC's train/ or val/")
+        2,
+        "error: s3://bkt/set: make_shards.py writes to local disk; write there, then upload the folder as it is "
+        "(aws s3 sync DST s3://bkt/set)",
+    )
+    assert run_main(capsys, src, src, *fmt) == (
+        2,
+        f"error: {src}: must not be SRC or inside SRC's train/ or val/",
+    )
     (tmp_path / "mine" / "train").mkdir(parents=True)
     (tmp_path / "mine" / "train" / "notes.md").write_text("keep me")
     assert run_main(capsys, src, tmp_path / "mine", *fmt) == (
-        2, f"error: {tmp_path / 'mine' / 'train' / 'notes.md'}: not written by make_shards.py --format wds; "
-           f"choose an empty DST")
+        2,
+        f"error: {tmp_path / 'mine' / 'train' / 'notes.md'}: not written by make_shards.py --format wds; "
+        f"choose an empty DST",
+    )
     assert (tmp_path / "mine" / "train" / "notes.md").read_text() == "keep me"
     assert not (tmp_path / "dst").exists()
-    for flag, value, allowed in (("--shard-size", "0", "at least 1"), ("--workers", "0", "at least 1"),
-                                 ("--max-size", "0", "at least 1"), ("--quality", "101", "in [1, 100]"),
-                                 ("--quality", "0", "in [1, 100]")):
+    for flag, value, allowed in (
+        ("--shard-size", "0", "at least 1"),
+        ("--workers", "0", "at least 1"),
+        ("--max-size", "0", "at least 1"),
+        ("--quality", "101", "in [1, 100]"),
+        ("--quality", "0", "in [1, 100]"),
+    ):
         code, err = run_main(capsys, src, tmp_path / "dst", *fmt, flag, value)
         assert code == 2 and err.endswith(f"error: argument {flag}: must be {allowed}, got {value}")
     assert not (tmp_path / "dst").exists()
@@ -314,26 +424,36 @@ def test_rerun_in_the_other_format_is_refused(src, tmp_path, capsys):
     make_shards(str(src), str(tmp_path / "dst"), "tfrecord", shard_size=5, seed=0)
     before = sorted(os.listdir(tmp_path / "dst" / "train"))
     code, err = run_main(capsys, src, tmp_path / "dst", "--format", "wds")
-    assert code == 2 and err == (f"error: {tmp_path / 'dst' / 'train' / 'train-00000-of-00003'}: not written by "
-                                 f"make_shards.py --format wds; choose an empty DST")
+    assert code == 2 and err == (
+        f"error: {tmp_path / 'dst' / 'train' / 'train-00000-of-00003'}: not written by "
+        f"make_shards.py --format wds; choose an empty DST"
+    )
     assert sorted(os.listdir(tmp_path / "dst" / "train")) == before
 
 
 def test_another_data_sets_shards_are_replaced_only_with_overwrite(src, tmp_path, capsys):
     other = image_folder(tmp_path / "other", blue=200)
     dst = tmp_path / "dst"
-    make_shards(str(other), str(dst), "wds", shard_size=2, seed=0)  # complete: 6 train shards, manifest and all
+    make_shards(
+        str(other), str(dst), "wds", shard_size=2, seed=0
+    )  # complete: 6 train shards, manifest and all
     before = {p.name: p.read_bytes() for p in (dst / "train").iterdir()}
     assert run_main(capsys, src, dst, "--format", "wds", "--shard-size", "5") == (
-        2, f"error: {dst}: holds shards not written for this source and these settings (source {str(other)!r}, not "
-           f"{str(src)!r}, shard_size 2, not 5); pass --overwrite to replace them")
+        2,
+        f"error: {dst}: holds shards not written for this source and these settings (source {str(other)!r}, not "
+        f"{str(src)!r}, shard_size 2, not 5); pass --overwrite to replace them",
+    )
     assert {p.name: p.read_bytes() for p in (dst / "train").iterdir()} == before
     assert json.loads((dst / "manifest.json").read_text())["source"] == str(other)
 
     main([str(src), str(dst), "--format", "wds", "--shard-size", "5", "--overwrite"])
-    assert [p.name for p in shards_of(dst / "train")] == train_shards("wds", 3)  # other's six shards are gone
+    assert [p.name for p in shards_of(dst / "train")] == train_shards(
+        "wds", 3
+    )  # other's six shards are gone
     for split in ("train", "val"):
-        assert sorted(pair for shard in shards_of(dst / split) for pair in tar_pairs(shard)) == source_pairs(src, split)
+        assert sorted(
+            pair for shard in shards_of(dst / split) for pair in tar_pairs(shard)
+        ) == source_pairs(src, split)
     assert json.loads((dst / "manifest.json").read_text())["source"] == str(src)
 
 
@@ -344,8 +464,10 @@ def test_tfrecord_named_files_of_another_writer_are_refused(src, tmp_path, capsy
     for name in ("train-00000-of-00002", "train-00001-of-00002"):
         (dst / "train" / name).write_bytes(b"TensorFlow's records")
     assert run_main(capsys, src, dst, "--format", "tfrecord", "--shard-size", "5") == (
-        2, f"error: {dst}: holds shards not written for this source and these settings (train/train-00000-of-00002, "
-           f"with no claim.json); pass --overwrite to replace them")
+        2,
+        f"error: {dst}: holds shards not written for this source and these settings (train/train-00000-of-00002, "
+        f"with no claim.json); pass --overwrite to replace them",
+    )
     assert sorted(os.listdir(dst / "train")) == ["train-00000-of-00002", "train-00001-of-00002"]
     assert (dst / "train" / "train-00000-of-00002").read_bytes() == b"TensorFlow's records"
 
@@ -365,14 +487,20 @@ def test_files_of_other_names_are_never_deleted(src, tmp_path, capsys):
     before = files()
     for fmt in ("tfrecord", "wds"):
         assert run_main(capsys, src, dst, "--format", fmt, "--shard-size", "5", "--overwrite") == (
-            2, f"error: {dst / 'train' / 'notes.md'}: not written by make_shards.py --format {fmt}; choose an "
-               f"empty DST")
+            2,
+            f"error: {dst / 'train' / 'notes.md'}: not written by make_shards.py --format {fmt}; choose an "
+            f"empty DST",
+        )
         assert files() == before  # nothing deleted, of any name
     (dst / "train" / "notes.md").unlink()
     before = files()
-    assert run_main(capsys, src, dst, "--format", "wds", "--shard-size", "5", "--overwrite") == (  # TFRecord names
-        2, f"error: {dst / 'train' / 'train-00000-of-00006'}: not written by make_shards.py --format wds; choose an "
-           f"empty DST")
+    assert run_main(
+        capsys, src, dst, "--format", "wds", "--shard-size", "5", "--overwrite"
+    ) == (  # TFRecord names
+        2,
+        f"error: {dst / 'train' / 'train-00000-of-00006'}: not written by make_shards.py --format wds; choose an "
+        f"empty DST",
+    )
     assert files() == before
     main([str(src), str(dst), "--format", "tfrecord", "--shard-size", "5", "--overwrite"])
     assert [p.name for p in shards_of(dst / "train")] == train_shards("tfrecord", 3)
@@ -383,4 +511,6 @@ def test_val_class_missing_from_train_is_an_error(src, tmp_path, capsys):
     (src / "val" / "okapi").mkdir()
     Image.new("RGB", (4, 4)).save(src / "val" / "okapi" / "0.png")
     assert run_main(capsys, src, tmp_path / "dst", "--format", "tfrecord") == (
-        2, f"error: {src / 'val' / 'okapi'}: class 'okapi' is not one of the 3 training classes")
+        2,
+        f"error: {src / 'val' / 'okapi'}: class 'okapi' is not one of the 3 training classes",
+    )

@@ -18,10 +18,28 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 SCRIPTS = sorted(glob.glob(os.path.join(HERE, "*.py")))
 OLDEST = (3, 10)
 # Standard-library names added after 3.10 that scripts like these reach for; hashlib.file_digest was one.
-NEWER = {"hashlib.file_digest", "tomllib", "datetime.UTC", "typing.Self", "typing.LiteralString", "typing.Never",
-         "typing.assert_never", "typing.reveal_type", "typing.override", "itertools.batched", "asyncio.TaskGroup",
-         "asyncio.timeout", "enum.StrEnum", "contextlib.chdir", "math.cbrt", "math.exp2", "math.sumprod",
-         "os.process_cpu_count", "ExceptionGroup", "BaseExceptionGroup"}
+NEWER = {
+    "hashlib.file_digest",
+    "tomllib",
+    "datetime.UTC",
+    "typing.Self",
+    "typing.LiteralString",
+    "typing.Never",
+    "typing.assert_never",
+    "typing.reveal_type",
+    "typing.override",
+    "itertools.batched",
+    "asyncio.TaskGroup",
+    "asyncio.timeout",
+    "enum.StrEnum",
+    "contextlib.chdir",
+    "math.cbrt",
+    "math.exp2",
+    "math.sumprod",
+    "os.process_cpu_count",
+    "ExceptionGroup",
+    "BaseExceptionGroup",
+}
 
 
 def names(tree):
@@ -46,11 +64,14 @@ def newer_than_oldest(source, path="<string>"):
 
 def test_the_check_finds_newer_syntax_and_calls():
     with pytest.raises(SyntaxError):
-        newer_than_oldest("try:\n    pass\nexcept* OSError:\n    pass\n")  # exception groups are 3.11
+        newer_than_oldest(
+            "try:\n    pass\nexcept* OSError:\n    pass\n"
+        )  # exception groups are 3.11
     with pytest.raises(SyntaxError):
         newer_than_oldest("def first[T](items: list[T]) -> T: ...\n")  # type parameters are 3.12
-    assert newer_than_oldest("import hashlib\nhashlib.file_digest(f, 'sha256')\nfrom typing import Self\n") == \
-        ["hashlib.file_digest", "typing.Self"]
+    assert newer_than_oldest(
+        "import hashlib\nhashlib.file_digest(f, 'sha256')\nfrom typing import Self\n"
+    ) == ["hashlib.file_digest", "typing.Self"]
 
 
 @pytest.mark.parametrize("path", SCRIPTS, ids=os.path.basename)
@@ -70,9 +91,16 @@ def test_sha256_is_hashlibs_over_several_chunks(tmp_path):
 def python310():
     """A python3.10 on PATH that runs; a pyenv shim of a version that pyenv has not selected does not."""
     exe = shutil.which("python3.10")
-    if exe is None or subprocess.run([exe, "-c", "import sys; assert sys.version_info[:2] == (3, 10)"],
-                                     capture_output=True).returncode != 0:
-        pytest.skip("no python3.10 on PATH that runs (pyenv: PYENV_VERSION=$(pyenv version-name):3.10.13)")
+    if (
+        exe is None
+        or subprocess.run(
+            [exe, "-c", "import sys; assert sys.version_info[:2] == (3, 10)"], capture_output=True
+        ).returncode
+        != 0
+    ):
+        pytest.skip(
+            "no python3.10 on PATH that runs (pyenv: PYENV_VERSION=$(pyenv version-name):3.10.13)"
+        )
     return exe
 
 
@@ -86,17 +114,23 @@ for path in sys.argv[1:]:
 
 
 def test_every_script_compiles_under_python310(python310):
-    result = subprocess.run([python310, "-W", "error", "-c", COMPILE, *SCRIPTS], capture_output=True, text=True)
+    result = subprocess.run(
+        [python310, "-W", "error", "-c", COMPILE, *SCRIPTS], capture_output=True, text=True
+    )
     assert (result.returncode, result.stderr) == (0, "")
 
 
 def test_sha256_under_python310_gives_the_same_digest(python310, tmp_path):
     with open(os.path.join(HERE, "data_processing.py")) as f:
         source = f.read()
-    function = next(node for node in ast.parse(source).body if getattr(node, "name", None) == "_sha256")
+    function = next(
+        node for node in ast.parse(source).body if getattr(node, "name", None) == "_sha256"
+    )
     # The function alone, with the one module it needs: python3.10 here has no numpy, torch or DALI.
-    code = f"import hashlib, sys\n{ast.get_source_segment(source, function)}\n" \
-           f"with open(sys.argv[1], 'rb') as f:\n    print(_sha256(f))\n"
+    code = (
+        f"import hashlib, sys\n{ast.get_source_segment(source, function)}\n"
+        f"with open(sys.argv[1], 'rb') as f:\n    print(_sha256(f))\n"
+    )
     path = tmp_path / "data"
     path.write_bytes(np.random.default_rng(1).bytes(5 << 19))
     result = subprocess.run([python310, "-c", code, str(path)], capture_output=True, text=True)

@@ -14,13 +14,23 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-boto3 = pytest.importorskip("boto3")
-pytest.importorskip("moto.server")  # moto's standalone server (Flask)
-
+import data_sources
 import pipelines
 from make_shards import make_shards
-from test_train_classify import (CPU_ENV, SCRIPT, TINY, assert_one_line_error, assert_resume_is_exact, final_weights,
-                                 records, run, tiny_imagefolder)
+from test_train_classify import (
+    CPU_ENV,
+    SCRIPT,
+    TINY,
+    assert_one_line_error,
+    assert_resume_is_exact,
+    final_weights,
+    records,
+    run,
+    tiny_imagefolder,
+)
+
+boto3 = pytest.importorskip("boto3")
+pytest.importorskip("moto.server")  # moto's standalone server (Flask)
 
 
 def free_port():
@@ -32,8 +42,12 @@ def free_port():
 def start_moto(**env):
     """moto's S3 server on a free port of 127.0.0.1, once it listens: (process, endpoint URL)."""
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, **env})
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env={**os.environ, **env},
+    )
     deadline = time.time() + 60
     while True:
         try:
@@ -53,9 +67,17 @@ def stop(proc):
 def s3(tmp_path_factory):
     """A server for the module, a bucket on it, its variables in this process and in the trainers' CPU_ENV."""
     proc, endpoint = start_moto()
-    nothing = str(tmp_path_factory.mktemp("aws") / "none")  # no credentials or config files of the machine's
-    env = {"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-           "AWS_SHARED_CREDENTIALS_FILE": nothing, "AWS_CONFIG_FILE": nothing, "AWS_EC2_METADATA_DISABLED": "true"}
+    nothing = str(
+        tmp_path_factory.mktemp("aws") / "none"
+    )  # no credentials or config files of the machine's
+    env = {
+        "AWS_ENDPOINT_URL": endpoint,
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_SHARED_CREDENTIALS_FILE": nothing,
+        "AWS_CONFIG_FILE": nothing,
+        "AWS_EC2_METADATA_DISABLED": "true",
+    }
     saved = dict(CPU_ENV)
     CPU_ENV.update(env)  # run() and the resume helpers start the trainer with CPU_ENV
     try:
@@ -74,7 +96,7 @@ def s3(tmp_path_factory):
 
 
 def clear_caches():
-    for cached in (pipelines.s3_client, pipelines.s3_files, pipelines.s3_tree):
+    for cached in (data_sources.s3_client, data_sources.s3_files, data_sources.s3_tree):
         cached.cache_clear()
 
 
@@ -96,33 +118,54 @@ def sets(s3, tmp_path_factory):
     folder = tiny_imagefolder(str(root / "folder"), per_class=12)
     make_shards(folder, str(root / "wds"), "wds", shard_size=5, seed=0)
     make_shards(folder, str(root / "tfrecord"), "tfrecord", shard_size=5, seed=0)
-    return {layout: (str(root / layout), upload(s3.client, str(root / layout), layout))
-            for layout in ("folder", "wds", "tfrecord")}
+    return {
+        layout: (str(root / layout), upload(s3.client, str(root / layout), layout))
+        for layout in ("folder", "wds", "tfrecord")
+    }
 
 
 def epoch(pipe):
-    batches = [(b[0]["data"].clone(), b[0]["label"].clone()) for b in pipelines.classify_iterator(pipe)]
-    return torch.cat([images for images, _ in batches]), torch.cat([labels for _, labels in batches])
+    batches = [
+        (b[0]["data"].clone(), b[0]["label"].clone()) for b in pipelines.classify_iterator(pipe)
+    ]
+    return torch.cat([images for images, _ in batches]), torch.cat(
+        [labels for _, labels in batches]
+    )
 
 
 @pytest.mark.parametrize("layout", ["folder", "wds", "tfrecord"])
-def test_each_layout_from_s3_gives_the_samples_labels_and_pixels_of_local_disk(sets, layout, monkeypatch):
+def test_each_layout_from_s3_gives_the_samples_labels_and_pixels_of_local_disk(
+    sets, layout, monkeypatch
+):
     """Both shards of two, training (shuffled, augmented, padded) and validation, batch for batch."""
     # DALI's Webdataset reader fetches each sample of its initial fill on its own, this tiny set many times over
-    monkeypatch.setattr(pipelines, "SHUFFLE_BUFFER", 64)
+    monkeypatch.setattr(data_sources, "SHUFFLE_BUFFER", 64)
     local, url = sets[layout]
     for shard_id in (0, 1):
-        args = dict(num_threads=1, device_id=None, crop_size=32, seed=7, shard_id=shard_id, num_shards=2)
-        pipes = [pipelines.ClassifyTrainPipeline(4, data_dir=os.path.join(d, "train"), **args) for d in (local, url)]
-        assert [(p.layout, p.num_samples, p.classes) for p in pipes] == [(layout, 24, ["a", "b"])] * 2
+        args = dict(
+            num_threads=1, device_id=None, crop_size=32, seed=7, shard_id=shard_id, num_shards=2
+        )
+        pipes = [
+            pipelines.ClassifyTrainPipeline(4, data_dir=os.path.join(d, "train"), **args)
+            for d in (local, url)
+        ]
+        assert [(p.layout, p.num_samples, p.classes) for p in pipes] == [
+            (layout, 24, ["a", "b"])
+        ] * 2
         assert pipes[1].files[0].startswith(url + "/train/")
         (images, labels), (s3_images, s3_labels) = map(epoch, pipes)
         assert len(labels) == 12 and labels.unique().tolist() == [0, 1]
         assert torch.equal(labels, s3_labels) and torch.equal(images, s3_images)
-        val = [pipelines.ClassifyValPipeline(4, data_dir=os.path.join(d, "val"), classes=["a", "b"], resize_size=36,
-                                             **args) for d in (local, url)]
+        val = [
+            pipelines.ClassifyValPipeline(
+                4, data_dir=os.path.join(d, "val"), classes=["a", "b"], resize_size=36, **args
+            )
+            for d in (local, url)
+        ]
         (images, labels), (s3_images, s3_labels) = map(epoch, val)
-        assert len(labels) == 12 and torch.equal(labels, s3_labels) and torch.equal(images, s3_images)
+        assert (
+            len(labels) == 12 and torch.equal(labels, s3_labels) and torch.equal(images, s3_images)
+        )
 
 
 # The trainers' runs read TFRecords: the Webdataset reader's initial fill of SHUFFLE_BUFFER samples takes half a
@@ -132,12 +175,20 @@ def test_each_layout_from_s3_gives_the_samples_labels_and_pixels_of_local_disk(s
 def test_training_from_s3_ends_with_the_weights_of_training_from_local_disk(sets, tmp_path):
     local, url = sets["tfrecord"]
     proc = run("--data", url, *TINY, "--output-dir", str(tmp_path / "s3"))
-    assert proc.stdout.splitlines()[0].endswith(f"data {url}: tfrecord, 24 train and 24 val samples, 2 classes")
+    assert proc.stdout.splitlines()[0].endswith(
+        f"data {url}: tfrecord, 24 train and 24 val samples, 2 classes"
+    )
     run("--data", local, *TINY, "--output-dir", str(tmp_path / "local"))
     (start,) = records(str(tmp_path / "s3"), "start")
-    assert (start["data"], start["layout"], start["train_samples"], start["val_samples"]) == (url, "tfrecord", 24, 24)
+    assert (start["data"], start["layout"], start["train_samples"], start["val_samples"]) == (
+        url,
+        "tfrecord",
+        24,
+        24,
+    )
     assert [r["loss"] for r in records(str(tmp_path / "s3"), "train")] == [
-        r["loss"] for r in records(str(tmp_path / "local"), "train")]
+        r["loss"] for r in records(str(tmp_path / "local"), "train")
+    ]
     a, b = final_weights(str(tmp_path / "s3")), final_weights(str(tmp_path / "local"))
     assert all(torch.equal(a[k], b[k]) for k in a)
 
@@ -149,20 +200,42 @@ gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA dev
 def test_mixed_decode_on_the_gpu_of_s3_bytes_gives_the_batches_of_local_disk(sets):
     local, url = sets["tfrecord"]
     args = dict(num_threads=2, device_id=0, crop_size=32, seed=7)
-    pipes = [pipelines.ClassifyTrainPipeline(4, data_dir=os.path.join(d, "train"), **args) for d in (local, url)]
+    pipes = [
+        pipelines.ClassifyTrainPipeline(4, data_dir=os.path.join(d, "train"), **args)
+        for d in (local, url)
+    ]
     (images, labels), (s3_images, s3_labels) = map(epoch, pipes)
-    assert images.is_cuda and images.shape == (24, 3, 32, 32) and torch.equal(labels.cpu(), s3_labels.cpu())
-    assert (images - s3_images).abs().max().item() <= 1 / 255 / 0.224  # the same bytes: one 8-bit level at most
+    assert (
+        images.is_cuda
+        and images.shape == (24, 3, 32, 32)
+        and torch.equal(labels.cpu(), s3_labels.cpu())
+    )
+    assert (
+        images - s3_images
+    ).abs().max().item() <= 1 / 255 / 0.224  # the same bytes: one 8-bit level at most
 
 
 @gpu
 def test_training_on_the_gpu_from_s3_logs_the_layout_and_keeps_the_cache_off(sets, tmp_path):
     url, out = sets["tfrecord"][1], str(tmp_path / "gpu")
-    proc = run("--data", url, *[f for f in TINY if f not in ("--dali-device", "cpu")], "--decoder-cache", "on",
-               "--output-dir", out, env={**os.environ, **{k: v for k, v in CPU_ENV.items() if k.startswith("AWS")}})
+    proc = run(
+        "--data",
+        url,
+        *[f for f in TINY if f not in ("--dali-device", "cpu")],
+        "--decoder-cache",
+        "on",
+        "--output-dir",
+        out,
+        env={**os.environ, **{k: v for k, v in CPU_ENV.items() if k.startswith("AWS")}},
+    )
     lines = proc.stdout.splitlines()  # on a GPU the cache's decision comes first
-    assert lines[0] == "decoder cache off (on): not for data in object storage, whose images it cannot sample"
-    assert lines[1].endswith(f"data {url}: tfrecord, 24 train and 24 val samples, 2 classes"), lines[:3]
+    assert (
+        lines[0]
+        == "decoder cache off (on): not for data in object storage, whose images it cannot sample"
+    )
+    assert lines[1].endswith(f"data {url}: tfrecord, 24 train and 24 val samples, 2 classes"), (
+        lines[:3]
+    )
     (decision,) = records(out, "decoder_cache")
     assert decision["mb"] is None and records(out, "config")[0]["args"]["dali_device"] == "gpu"
     (last,) = records(out, "epoch")
@@ -170,8 +243,11 @@ def test_training_on_the_gpu_from_s3_logs_the_layout_and_keeps_the_cache_off(set
 
 
 def test_mid_epoch_resume_from_s3_gives_the_uninterrupted_weights(sets, tmp_path):
-    assert_resume_is_exact(SCRIPT, ["--data", sets["tfrecord"][1], *TINY, "--epochs", "2", "--checkpoint-every",
-                                    "2"], tmp_path)
+    assert_resume_is_exact(
+        SCRIPT,
+        ["--data", sets["tfrecord"][1], *TINY, "--epochs", "2", "--checkpoint-every", "2"],
+        tmp_path,
+    )
 
 
 # ------------------------------------------------------------------------------------------
@@ -181,13 +257,17 @@ def test_mid_epoch_resume_from_s3_gives_the_uninterrupted_weights(sets, tmp_path
 
 def run_fails(url, tmp_path, env=None):
     out = str(tmp_path / "o")
-    proc = run("--data", url, *TINY, "--output-dir", out, check=False, env={**CPU_ENV, **(env or {})})
+    proc = run(
+        "--data", url, *TINY, "--output-dir", out, check=False, env={**CPU_ENV, **(env or {})}
+    )
     return proc, out
 
 
 def test_error_no_such_bucket_or_prefix(s3, tmp_path):
     proc, out = run_fails("s3://nosuchbucket/set", tmp_path)
-    assert_one_line_error(proc, f"s3://nosuchbucket/set/train: no such bucket at {s3.env['AWS_ENDPOINT_URL']}")
+    assert_one_line_error(
+        proc, f"s3://nosuchbucket/set/train: no such bucket at {s3.env['AWS_ENDPOINT_URL']}"
+    )
     assert not os.path.exists(out)
     proc, out = run_fails("s3://bkt/nosuchprefix", tmp_path)
     assert_one_line_error(proc, "--data s3://bkt/nosuchprefix: expected subfolders train/ and val/")
@@ -195,8 +275,12 @@ def test_error_no_such_bucket_or_prefix(s3, tmp_path):
 
 
 def test_error_no_credentials(sets, tmp_path):
-    proc, out = run_fails(sets["wds"][1], tmp_path, env={"AWS_ACCESS_KEY_ID": "", "AWS_SECRET_ACCESS_KEY": ""})
-    assert_one_line_error(proc, "s3://bkt/wds/train: no AWS credentials found (set AWS_ACCESS_KEY_ID")
+    proc, out = run_fails(
+        sets["wds"][1], tmp_path, env={"AWS_ACCESS_KEY_ID": "", "AWS_SECRET_ACCESS_KEY": ""}
+    )
+    assert_one_line_error(
+        proc, "s3://bkt/wds/train: no AWS credentials found (set AWS_ACCESS_KEY_ID"
+    )
     assert not os.path.exists(out)
 
 
@@ -210,18 +294,34 @@ def test_error_access_denied(s3, tmp_path):
 
 
 def access_denied(endpoint, tmp_path):
-    admin = dict(endpoint_url=endpoint, aws_access_key_id="testing", aws_secret_access_key="testing",
-                 region_name="us-east-1")
+    admin = dict(
+        endpoint_url=endpoint,
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+        region_name="us-east-1",
+    )
     boto3.client("s3", **admin).create_bucket(Bucket="locked")
     iam = boto3.client("iam", **admin)
     iam.create_user(UserName="nobody")
-    key = iam.create_access_key(UserName="nobody")["AccessKey"]  # a user with no policy: may read nothing
-    for key_id, secret, code in ((key["AccessKeyId"], key["SecretAccessKey"], "AccessDenied"),
-                                 ("unknown", "testing", "InvalidAccessKeyId")):
-        proc, out = run_fails("s3://locked/set", tmp_path, env={"AWS_ENDPOINT_URL": endpoint,
-                                                                "AWS_ACCESS_KEY_ID": key_id,
-                                                                "AWS_SECRET_ACCESS_KEY": secret})
-        assert_one_line_error(proc, f"s3://locked/set/train: access denied ({code}: ", "check the credentials")
+    key = iam.create_access_key(UserName="nobody")[
+        "AccessKey"
+    ]  # a user with no policy: may read nothing
+    for key_id, secret, code in (
+        (key["AccessKeyId"], key["SecretAccessKey"], "AccessDenied"),
+        ("unknown", "testing", "InvalidAccessKeyId"),
+    ):
+        proc, out = run_fails(
+            "s3://locked/set",
+            tmp_path,
+            env={
+                "AWS_ENDPOINT_URL": endpoint,
+                "AWS_ACCESS_KEY_ID": key_id,
+                "AWS_SECRET_ACCESS_KEY": secret,
+            },
+        )
+        assert_one_line_error(
+            proc, f"s3://locked/set/train: access denied ({code}: ", "check the credentials"
+        )
         assert not os.path.exists(out)
 
 
@@ -231,21 +331,35 @@ def test_error_an_endpoint_that_does_not_answer_is_a_bounded_wait(s3, tmp_path):
         silent.listen()
         endpoint = f"http://127.0.0.1:{silent.getsockname()[1]}"
         start = time.time()
-        proc, out = run_fails("s3://bkt/wds", tmp_path, env={"AWS_ENDPOINT_URL": endpoint, "AWS_MAX_ATTEMPTS": "1"})
+        proc, out = run_fails(
+            "s3://bkt/wds", tmp_path, env={"AWS_ENDPOINT_URL": endpoint, "AWS_MAX_ATTEMPTS": "1"}
+        )
         took = time.time() - start
-    assert_one_line_error(proc, f"s3://bkt/wds/train: Read timeout on endpoint URL: \"{endpoint}/bkt?",
-                          "check AWS_ENDPOINT_URL")
-    assert pipelines.S3_TIMEOUT <= took < pipelines.S3_TIMEOUT + 30 and not os.path.exists(out)
-    proc, out = run_fails("s3://bkt/wds", tmp_path, env={"AWS_ENDPOINT_URL": f"http://127.0.0.1:{free_port()}"})
+    assert_one_line_error(
+        proc,
+        f's3://bkt/wds/train: Read timeout on endpoint URL: "{endpoint}/bkt?',
+        "check AWS_ENDPOINT_URL",
+    )
+    assert data_sources.S3_TIMEOUT <= took < data_sources.S3_TIMEOUT + 30 and not os.path.exists(
+        out
+    )
+    proc, out = run_fails(
+        "s3://bkt/wds", tmp_path, env={"AWS_ENDPOINT_URL": f"http://127.0.0.1:{free_port()}"}
+    )
     assert_one_line_error(proc, "s3://bkt/wds/train: Could not connect to the endpoint URL")
 
 
 def test_error_a_shard_without_its_index(s3, sets, tmp_path):
-    url = upload(s3.client, sets["wds"][0], "wds-no-index", skip=lambda name: name == "train-000002.tar.idx")
+    url = upload(
+        s3.client, sets["wds"][0], "wds-no-index", skip=lambda name: name == "train-000002.tar.idx"
+    )
     proc, out = run_fails(url, tmp_path)
-    assert_one_line_error(proc, f"{url}/train/train-000002.tar: no index beside it (train-000002.tar.idx and "
-                          f"train-000002.tar.idx.json); index a local copy (python -c \"import pipelines; "
-                          f"pipelines.shard_index('train-000002.tar', 'wds')\") and upload")
+    assert_one_line_error(
+        proc,
+        f"{url}/train/train-000002.tar: no index beside it (train-000002.tar.idx and "
+        f'train-000002.tar.idx.json); index a local copy (python -c "import data_sources; '
+        f"data_sources.shard_index('train-000002.tar', 'wds')\") and upload",
+    )
     assert not os.path.exists(os.path.join(out, "metrics.jsonl"))
 
 
@@ -255,7 +369,9 @@ def test_error_a_shard_rewritten_since_its_index(s3, sets, tmp_path):
     with open(os.path.join(local, "train", "train-00000-of-00005"), "rb") as f:
         shard = bytearray(f.read())
     shard[100] ^= 1  # one bit of an image: the same size, another digest
-    s3.client.put_object(Bucket="bkt", Key="tfrecord-rewritten/train/train-00000-of-00005", Body=bytes(shard))
+    s3.client.put_object(
+        Bucket="bkt", Key="tfrecord-rewritten/train/train-00000-of-00005", Body=bytes(shard)
+    )
     proc, out = run_fails(url, tmp_path)
     assert_one_line_error(proc, f"{url}/train/train-00000-of-00005: does not match its index")
     assert not os.path.exists(os.path.join(out, "metrics.jsonl"))
@@ -265,18 +381,29 @@ def test_error_a_shard_truncated_mid_run(s3, sets, tmp_path):
     """Cut short while the run trains, after it checked the shard: DALI's read fails; the line names the shard."""
     url = upload(s3.client, sets["tfrecord"][0], "tfrecord-truncated")
     out = str(tmp_path / "o")
-    proc = subprocess.Popen([sys.executable, SCRIPT, "--data", url, *TINY, "--epochs", "2", "--output-dir", out],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=CPU_ENV)
+    proc = subprocess.Popen(
+        [sys.executable, SCRIPT, "--data", url, *TINY, "--epochs", "2", "--output-dir", out],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=CPU_ENV,
+    )
     deadline = time.time() + 120
     while not (os.path.exists(os.path.join(out, "metrics.jsonl")) and records(out, "train")):
         assert proc.poll() is None and time.time() < deadline, proc.stderr.read()
         time.sleep(0.01)
     with open(os.path.join(sets["tfrecord"][0], "train", "train-00001-of-00005"), "rb") as f:
-        s3.client.put_object(Bucket="bkt", Key="tfrecord-truncated/train/train-00001-of-00005", Body=f.read(300))
+        s3.client.put_object(
+            Bucket="bkt", Key="tfrecord-truncated/train/train-00001-of-00005", Body=f.read(300)
+        )
     _, stderr = proc.communicate(timeout=300)
-    assert_one_line_error(SimpleNamespace(returncode=proc.returncode, stderr=stderr),
-                          f"{url}/train/train-00001-of-00005: changed or gone since this run listed it (DALI: ")
-    assert re.search(r"\(DALI: \w.*\)$", stderr.strip())  # DALI's own words (they depend on where its read was cut)
+    assert_one_line_error(
+        SimpleNamespace(returncode=proc.returncode, stderr=stderr),
+        f"{url}/train/train-00001-of-00005: changed or gone since this run listed it (DALI: ",
+    )
+    assert re.search(
+        r"\(DALI: \w.*\)$", stderr.strip()
+    )  # DALI's own words (they depend on where its read was cut)
     assert len(records(out, "epoch")) < 2  # stopped before the run's end
 
 
@@ -291,8 +418,10 @@ def test_s3_data_without_boto3_is_one_error_line(tmp_path):
 
 def test_the_decoder_cache_is_off_for_data_in_object_storage():
     pipe = SimpleNamespace(device_id=0, read=SimpleNamespace(data_dir="s3://bkt/wds/train"))
-    assert pipelines.plan_decoder_cache("on", [pipe]) == (
-        None, "decoder cache off (on): not for data in object storage, whose images it cannot sample")
+    assert data_sources.plan_decoder_cache("on", [pipe], 80 * 1024) == (
+        None,
+        "decoder cache off (on): not for data in object storage, whose images it cannot sample",
+    )
 
 
 # ------------------------------------------------------------------------------------------
@@ -300,8 +429,22 @@ def test_the_decoder_cache_is_off_for_data_in_object_storage():
 # ------------------------------------------------------------------------------------------
 
 SEGMENT = os.path.join(os.path.dirname(SCRIPT), "train_segment.py")
-SEG_TINY = ["--size", "32", "--unet-width", "4", "--batch-size", "2", "--epochs", "1", "--dali-device", "cpu",
-            "--workers", "1", "--print-freq", "1"]
+SEG_TINY = [
+    "--size",
+    "32",
+    "--unet-width",
+    "4",
+    "--batch-size",
+    "2",
+    "--epochs",
+    "1",
+    "--dali-device",
+    "cpu",
+    "--workers",
+    "1",
+    "--print-freq",
+    "1",
+]
 
 
 @pytest.fixture(scope="module")
@@ -317,15 +460,34 @@ def test_segmentation_pairs_from_s3_give_the_batches_of_local_disk(seg):
     local, url = seg
     batches = []
     for root in seg:
-        imgs, lbls = pipelines.read_split(root, "train")
-        pipe = pipelines.fetch_dali_loader(imgs, lbls, 4, "train", num_threads=1, device_id=None, size=(32, 32),
-                                           shard_id=1, num_shards=2, seed=3)
-        batches.append([(b[0]["image"].clone(), b[0]["mask"].clone()) for b in pipelines.segment_iterator(pipe)])
-    assert pipelines.read_split(url, "train")[0][0].startswith(url + "/Images/1/")
+        imgs, lbls = data_sources.read_split(root, "train")
+        pipe = pipelines.fetch_dali_loader(
+            imgs,
+            lbls,
+            4,
+            "train",
+            num_threads=1,
+            device_id=None,
+            size=(32, 32),
+            shard_id=1,
+            num_shards=2,
+            seed=3,
+        )
+        batches.append(
+            [
+                (b[0]["image"].clone(), b[0]["mask"].clone())
+                for b in pipelines.segment_iterator(pipe)
+            ]
+        )
+    assert data_sources.read_split(url, "train")[0][0].startswith(url + "/Images/1/")
     (local_batches, s3_batches) = batches
     assert len(local_batches) == len(s3_batches) > 0
     for (image, mask), (s3_image, s3_mask) in zip(local_batches, s3_batches):
-        assert image.shape == (4, 3, 32, 32) and mask.shape == (4, 1, 32, 32) and mask.dtype == torch.uint8
+        assert (
+            image.shape == (4, 3, 32, 32)
+            and mask.shape == (4, 1, 32, 32)
+            and mask.dtype == torch.uint8
+        )
         assert torch.equal(image, s3_image) and torch.equal(mask, s3_mask)
 
 
@@ -333,33 +495,59 @@ def test_segmentation_training_from_s3_ends_with_the_weights_of_local_disk(seg, 
     outs = [str(tmp_path / name) for name in ("local", "s3")]
     for root, out in zip(seg, outs):
         run("--data", root, *SEG_TINY, "--output-dir", out, script=SEGMENT)
-    assert [r["loss"] for r in records(outs[0], "train")] == [r["loss"] for r in records(outs[1], "train")]
+    assert [r["loss"] for r in records(outs[0], "train")] == [
+        r["loss"] for r in records(outs[1], "train")
+    ]
     a, b = final_weights(outs[0]), final_weights(outs[1])
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
 def test_segmentation_mid_epoch_resume_from_s3_gives_the_uninterrupted_weights(seg, tmp_path):
-    assert_resume_is_exact(SEGMENT, ["--data", seg[1], *SEG_TINY, "--epochs", "2", "--checkpoint-every", "2"],
-                           tmp_path)
+    assert_resume_is_exact(
+        SEGMENT, ["--data", seg[1], *SEG_TINY, "--epochs", "2", "--checkpoint-every", "2"], tmp_path
+    )
 
 
 def test_segmentation_errors_from_s3_name_the_object(s3, seg, tmp_path):
     local, _ = seg
     url = upload(s3.client, local, "seg-broken")
-    s3.client.delete_object(Bucket="bkt", Key="seg-broken/Masks/1/3.npy")  # a row's mask not in the store
-    with open(os.path.join(local, "Masks", "1", "5.npy"), "rb") as f:  # cut short: its header needs more bytes
+    s3.client.delete_object(
+        Bucket="bkt", Key="seg-broken/Masks/1/3.npy"
+    )  # a row's mask not in the store
+    with open(
+        os.path.join(local, "Masks", "1", "5.npy"), "rb"
+    ) as f:  # cut short: its header needs more bytes
         s3.client.put_object(Bucket="bkt", Key="seg-broken/Masks/1/5.npy", Body=f.read()[:-100])
-    (split, index), = [(split, row.split(",")[0]) for split in ("train", "valid")
-                       for row in open(os.path.join(local, "csv_file", f"{split}.csv")) if "/3.npy" in row]
+    ((split, index),) = [
+        (split, row.split(",")[0])
+        for split in ("train", "valid")
+        for row in open(os.path.join(local, "csv_file", f"{split}.csv"))
+        if "/3.npy" in row
+    ]
     out = str(tmp_path / "o")
     proc = run("--data", url, *SEG_TINY, "--output-dir", out, script=SEGMENT, check=False)
-    assert_one_line_error(proc, f"{url}/csv_file/{split}.csv row index {index}: {url}/Masks/1/3.npy: "
-                          f"no such file")
-    s3.client.put_object(Bucket="bkt", Key="seg-broken/Masks/1/3.npy",
-                         Body=open(os.path.join(local, "Masks", "1", "3.npy"), "rb").read())
+    assert_one_line_error(
+        proc, f"{url}/csv_file/{split}.csv row index {index}: {url}/Masks/1/3.npy: no such file"
+    )
+    s3.client.put_object(
+        Bucket="bkt",
+        Key="seg-broken/Masks/1/3.npy",
+        Body=open(os.path.join(local, "Masks", "1", "3.npy"), "rb").read(),
+    )
     proc = run("--data", url, *SEG_TINY, "--output-dir", out, script=SEGMENT, check=False)
     assert_one_line_error(proc, f"{url}/Masks/1/5.npy: truncated: ")
-    proc = run("--data", "s3://bkt/no-such-root", *SEG_TINY, "--output-dir", out, script=SEGMENT, check=False)
-    assert_one_line_error(proc, "--data s3://bkt/no-such-root: no such directory (expected a prepared root with "
-                          "csv_file/")
-    assert os.listdir(out) == [".lock"]  # the run folder of the first two: nothing written in it
+    proc = run(
+        "--data",
+        "s3://bkt/no-such-root",
+        *SEG_TINY,
+        "--output-dir",
+        out,
+        script=SEGMENT,
+        check=False,
+    )
+    assert_one_line_error(
+        proc,
+        "--data s3://bkt/no-such-root: no such directory (expected a prepared root with csv_file/",
+    )
+    # The run folder the first two made is gone: a start that fails before training leaves none.
+    assert not os.path.exists(out)

@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -19,6 +20,7 @@ import torchvision
 from PIL import Image
 
 import train_classify
+import training
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SCRIPT = os.path.join(HERE, "train_classify.py")
@@ -27,8 +29,14 @@ gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA dev
 
 
 def run(*flags, check=True, cwd=HERE, script=SCRIPT, timeout=600, env=CPU_ENV):
-    proc = subprocess.run([sys.executable, script, *flags], cwd=cwd, capture_output=True, text=True, timeout=timeout,
-                          env=env)
+    proc = subprocess.run(
+        [sys.executable, script, *flags],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+    )
     if check:
         assert proc.returncode == 0, proc.stderr
     return proc
@@ -55,12 +63,32 @@ def tiny_imagefolder(root, train=("a", "b"), val=("a", "b"), per_class=3, size=(
         for k, c in enumerate(classes):
             os.makedirs(os.path.join(root, split, c))
             for i in range(per_class):
-                Image.new("RGB", size, (40 * k + 10 * i, 90, 160)).save(os.path.join(root, split, c, f"{i}.png"))
+                Image.new("RGB", size, (40 * k + 10 * i, 90, 160)).save(
+                    os.path.join(root, split, c, f"{i}.png")
+                )
     return root
 
 
-TINY = ["--arch", "resnet18", "--train-crop-size", "32", "--val-crop-size", "32", "--val-resize-size", "36",
-        "--batch-size", "4", "--epochs", "1", "--workers", "1", "--dali-device", "cpu", "--print-freq", "1"]
+TINY = [
+    "--arch",
+    "resnet18",
+    "--train-crop-size",
+    "32",
+    "--val-crop-size",
+    "32",
+    "--val-resize-size",
+    "36",
+    "--batch-size",
+    "4",
+    "--epochs",
+    "1",
+    "--workers",
+    "1",
+    "--dali-device",
+    "cpu",
+    "--print-freq",
+    "1",
+]
 
 
 def tiny_run(root, out, *flags, check=True):
@@ -76,7 +104,11 @@ def demo_run(tmp_path_factory):
 
 def test_demo_learns(demo_run):
     (start,) = records(demo_run, "start")
-    assert start["layout"] == "folder" and start["train_samples"] == 720 and start["val_samples"] == 180
+    assert (
+        start["layout"] == "folder"
+        and start["train_samples"] == 720
+        and start["val_samples"] == 180
+    )
     assert start["classes"] == 6 and start["output_dir"] == demo_run
     epochs = records(demo_run, "epoch")
     assert [e["epoch"] for e in epochs] == [1, 2]
@@ -87,7 +119,9 @@ def test_demo_learns(demo_run):
     assert {"epoch", "step", "steps", "loss", "lr", "img_s", "data_wait"} <= set(train[0])
     assert all(0 <= r["data_wait"] <= 100 and r["img_s"] > 0 for r in train)
     steps = train[0]["steps"]
-    assert steps == -(-6 * 120 // 32)  # 720 training images, batch 32: the last batch is filled up, not dropped
+    assert steps == -(
+        -6 * 120 // 32
+    )  # 720 training images, batch 32: the last batch is filled up, not dropped
     assert [r["step"] for r in train if r["epoch"] == 1] == [*range(5, steps, 5), steps]
     ckpt = torch.load(os.path.join(demo_run, "checkpoint.pth"), weights_only=True)
     assert ckpt["epoch"] == 2 and ckpt["step"] == steps and ckpt["args"]["arch"] == "resnet18"
@@ -100,11 +134,25 @@ def test_demo_learns(demo_run):
 @gpu
 def test_demo_learns_on_the_gpu(tmp_path):
     out = str(tmp_path)
-    run("--data", "demo", "--epochs", "2", "--print-freq", "5", "--amp", "bf16", "--channels-last",
-        "--output-dir", out, env=os.environ)
+    run(
+        "--data",
+        "demo",
+        "--epochs",
+        "2",
+        "--print-freq",
+        "5",
+        "--amp",
+        "bf16",
+        "--channels-last",
+        "--output-dir",
+        out,
+        env=os.environ,
+    )
     epochs = records(out, "epoch")
     assert [e["epoch"] for e in epochs] == [1, 2]
-    assert epochs[-1]["val_top1"] >= 50 and epochs[-1]["train_loss"] < epochs[0]["train_loss"], epochs
+    assert epochs[-1]["val_top1"] >= 50 and epochs[-1]["train_loss"] < epochs[0]["train_loss"], (
+        epochs
+    )
     ckpt = torch.load(os.path.join(out, "checkpoint.pth"), weights_only=True)
     assert ckpt["args"]["dali_device"] == "gpu" and ckpt["step"] == -(-6 * 120 // 32)
 
@@ -112,13 +160,32 @@ def test_demo_learns_on_the_gpu(tmp_path):
 @gpu
 def test_demo_learns_on_the_gpu_with_the_decoder_cache(tmp_path):
     out = str(tmp_path)
-    run("--data", "demo", "--epochs", "2", "--print-freq", "5", "--amp", "bf16", "--channels-last",
-        "--decoder-cache", "on", "--output-dir", out, env=os.environ)
+    run(
+        "--data",
+        "demo",
+        "--epochs",
+        "2",
+        "--print-freq",
+        "5",
+        "--amp",
+        "bf16",
+        "--channels-last",
+        "--decoder-cache",
+        "on",
+        "--output-dir",
+        out,
+        env=os.environ,
+    )
     (decision,) = records(out, "decoder_cache")
     assert decision["mb"] > 0
     epochs = records(out, "epoch")
-    assert epochs[-1]["val_top1"] >= 50 and epochs[-1]["train_loss"] < epochs[0]["train_loss"], epochs
-    assert torch.load(os.path.join(out, "checkpoint.pth"), weights_only=True)["decoder_cache"] == decision["mb"]
+    assert epochs[-1]["val_top1"] >= 50 and epochs[-1]["train_loss"] < epochs[0]["train_loss"], (
+        epochs
+    )
+    assert (
+        torch.load(os.path.join(out, "checkpoint.pth"), weights_only=True)["decoder_cache"]
+        == decision["mb"]
+    )
 
 
 def test_compile_trains_as_eager_and_saves_the_plain_model(tmp_path):
@@ -131,20 +198,35 @@ def test_compile_trains_as_eager_and_saves_the_plain_model(tmp_path):
     tiny_run(root, eager)
     tiny_run(root, compiled, "--compile")
     assert records(compiled, "config")[0]["args"]["compile"] is True
-    eager_loss, compiled_loss = ([r["loss"] for r in records(out, "train")] for out in (eager, compiled))
+    eager_loss, compiled_loss = (
+        [r["loss"] for r in records(out, "train")] for out in (eager, compiled)
+    )
     assert len(compiled_loss) == 1 and compiled_loss == pytest.approx(eager_loss, rel=1e-3)
     plain = torch.load(os.path.join(eager, "checkpoint.pth"), weights_only=True)["model"]
     saved = torch.load(os.path.join(compiled, "checkpoint.pth"), weights_only=True)["model"]
     assert saved.keys() == plain.keys()  # no torch.compile "_orig_mod." prefix
     assert all(saved[k].shape == plain[k].shape and saved[k].dtype == plain[k].dtype for k in plain)
-    tiny_run(root, str(tmp_path / "eval"), "--resume", os.path.join(compiled, "checkpoint.pth"), "--evaluate")
+    tiny_run(
+        root,
+        str(tmp_path / "eval"),
+        "--resume",
+        os.path.join(compiled, "checkpoint.pth"),
+        "--evaluate",
+    )
     (evaluation,) = records(str(tmp_path / "eval"), "eval")
     assert evaluation["val_top1"] == records(compiled, "epoch")[-1]["val_top1"]
 
 
 def test_evaluate_reproduces_last_logged_accuracy(demo_run, tmp_path):
-    run("--data", "demo", "--resume", os.path.join(demo_run, "checkpoint.pth"), "--evaluate",
-        "--output-dir", str(tmp_path))
+    run(
+        "--data",
+        "demo",
+        "--resume",
+        os.path.join(demo_run, "checkpoint.pth"),
+        "--evaluate",
+        "--output-dir",
+        str(tmp_path),
+    )
     (evaluation,) = records(str(tmp_path), "eval")
     last = records(demo_run, "epoch")[-1]
     assert evaluation["val_top1"] == pytest.approx(last["val_top1"], abs=1e-9)
@@ -154,8 +236,13 @@ def test_evaluate_reproduces_last_logged_accuracy(demo_run, tmp_path):
 def test_resume_after_a_kill_continues_the_schedule(demo_run, tmp_path):
     out = str(tmp_path)
     flags = ["--data", "demo", "--epochs", "2", "--print-freq", "5", "--output-dir", out]
-    proc = subprocess.Popen([sys.executable, SCRIPT, *flags], cwd=HERE, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, env=CPU_ENV)
+    proc = subprocess.Popen(
+        [sys.executable, SCRIPT, *flags],
+        cwd=HERE,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=CPU_ENV,
+    )
     deadline = time.time() + 300
     while not (os.path.exists(os.path.join(out, "metrics.jsonl")) and records(out, "epoch")):
         assert proc.poll() is None and time.time() < deadline, "run ended before its first epoch"
@@ -171,7 +258,9 @@ def test_resume_after_a_kill_continues_the_schedule(demo_run, tmp_path):
     assert [r["lr"] for r in resumed] == pytest.approx([r["lr"] for r in reference], rel=1e-12)
     assert [e["epoch"] for e in records(out, "epoch")] == [1, 2]
     # the same data in the same order from the same weights: epoch 2 ends where the uninterrupted run did
-    assert records(out, "epoch")[-1]["val_top1"] == pytest.approx(records(demo_run, "epoch")[-1]["val_top1"], abs=1e-9)
+    assert records(out, "epoch")[-1]["val_top1"] == pytest.approx(
+        records(demo_run, "epoch")[-1]["val_top1"], abs=1e-9
+    )
 
 
 def final_weights(out):
@@ -180,7 +269,9 @@ def final_weights(out):
 
 def kill_after_mid_epoch_checkpoint(cmd, out):
     """Start ``cmd``, SIGKILL it as soon as it has saved a mid-epoch checkpoint; returns that record."""
-    proc = subprocess.Popen(cmd, cwd=HERE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=CPU_ENV)
+    proc = subprocess.Popen(
+        cmd, cwd=HERE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=CPU_ENV
+    )
     deadline = time.time() + 300
     while True:
         saved = os.path.exists(os.path.join(out, "metrics.jsonl")) and records(out, "checkpoint")
@@ -197,7 +288,9 @@ def assert_resume_is_exact(script, data_flags, tmp_path):
     """An uninterrupted run and a run killed mid-epoch then resumed end with the same weights."""
     whole, broken = str(tmp_path / "whole"), str(tmp_path / "broken")
     run(*data_flags, "--output-dir", whole, script=script)
-    saved = kill_after_mid_epoch_checkpoint([sys.executable, script, *data_flags, "--output-dir", broken], broken)
+    saved = kill_after_mid_epoch_checkpoint(
+        [sys.executable, script, *data_flags, "--output-dir", broken], broken
+    )
     ckpt = torch.load(os.path.join(broken, "checkpoint.pth"), weights_only=True)
     assert 0 < ckpt["step"] < records(whole, "train")[0]["steps"] and saved["epoch"] == 1
     run(*data_flags, "--resume", os.path.join(broken, "checkpoint.pth"), script=script)
@@ -207,25 +300,50 @@ def assert_resume_is_exact(script, data_flags, tmp_path):
     assert a.keys() == b.keys()
     assert max((a[k].double() - b[k].double()).abs().max().item() for k in a) <= 1e-6
     # the losses logged after the resume are the uninterrupted run's
-    after = [(r["epoch"], r["step"], r["loss"]) for r in records(broken, "train") if r["epoch"] == 2]
-    assert after == [(r["epoch"], r["step"], r["loss"]) for r in records(whole, "train") if r["epoch"] == 2]
+    after = [
+        (r["epoch"], r["step"], r["loss"]) for r in records(broken, "train") if r["epoch"] == 2
+    ]
+    assert after == [
+        (r["epoch"], r["step"], r["loss"]) for r in records(whole, "train") if r["epoch"] == 2
+    ]
     # metrics.jsonl holds each step once, as the uninterrupted run logged it, and each epoch's loss over all its steps
     logged = [(r["epoch"], r["step"], r["global_step"]) for r in records(broken, "train")]
     assert logged == [(r["epoch"], r["step"], r["global_step"]) for r in records(whole, "train")]
     assert [e["train_loss"] for e in records(broken, "epoch")] == pytest.approx(
-        [e["train_loss"] for e in records(whole, "epoch")], rel=1e-9)
+        [e["train_loss"] for e in records(whole, "epoch")], rel=1e-9
+    )
 
 
 def test_mid_epoch_resume_gives_the_uninterrupted_weights(tmp_path):
     root = tiny_imagefolder(str(tmp_path / "d"), per_class=12)
-    flags = ["--data", root, *TINY, "--epochs", "2", "--checkpoint-every", "2", "--mixup-alpha", "0.4",
-             "--random-erase", "0.5"]
+    flags = [
+        "--data",
+        root,
+        *TINY,
+        "--epochs",
+        "2",
+        "--checkpoint-every",
+        "2",
+        "--mixup-alpha",
+        "0.4",
+        "--random-erase",
+        "0.5",
+    ]
     assert_resume_is_exact(SCRIPT, flags, tmp_path)
 
 
 def test_resume_with_another_batch_size_is_refused(demo_run):
-    proc = run("--data", "demo", "--resume", os.path.join(demo_run, "checkpoint.pth"), "--batch-size", "16",
-               "--epochs", "3", check=False)
+    proc = run(
+        "--data",
+        "demo",
+        "--resume",
+        os.path.join(demo_run, "checkpoint.pth"),
+        "--batch-size",
+        "16",
+        "--epochs",
+        "3",
+        check=False,
+    )
     assert_one_line_error(proc, "--resume", "batch 32", "1 x 16")
 
 
@@ -240,46 +358,83 @@ def parse(*flags):
 
 def test_help_lists_every_recipe_switch_with_its_default():
     text = " ".join(run("--help").stdout.split())  # argparse wraps lines
-    for flag in ("--opt", "--norm-weight-decay", "--label-smoothing", "--mixup-alpha", "--cutmix-alpha",
-                 "--random-erase", "--model-ema", "--model-ema-steps", "--model-ema-decay", "--clip-grad-norm",
-                 "--sync-bn", "--lr-scheduler", "--train-crop-size", "--val-crop-size", "--val-resize-size",
-                 "--checkpoint-every", "--label-offset", "--num-classes", "--overwrite"):
+    for flag in (
+        "--opt",
+        "--norm-weight-decay",
+        "--label-smoothing",
+        "--mixup-alpha",
+        "--cutmix-alpha",
+        "--random-erase",
+        "--model-ema",
+        "--model-ema-steps",
+        "--model-ema-decay",
+        "--clip-grad-norm",
+        "--sync-bn",
+        "--lr-scheduler",
+        "--train-crop-size",
+        "--val-crop-size",
+        "--val-resize-size",
+        "--checkpoint-every",
+        "--label-offset",
+        "--num-classes",
+        "--overwrite",
+    ):
         assert flag in text
     assert "(default: sgd)" in text and "(default: cosine)" in text and "(default: 0.99998)" in text
 
 
-@pytest.mark.parametrize("flags", [["--mixup-alpha", "0.2"], ["--cutmix-alpha", "1.0"],
-                                   ["--mixup-alpha", "0.2", "--cutmix-alpha", "1.0"]])
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ["--mixup-alpha", "0.2"],
+        ["--cutmix-alpha", "1.0"],
+        ["--mixup-alpha", "0.2", "--cutmix-alpha", "1.0"],
+    ],
+)
 def test_mixup_and_cutmix_give_soft_targets_that_sum_to_one(flags):
     torch.manual_seed(0)
     mix = train_classify.get_mixup_cutmix(parse(*flags), num_classes=5)
     images, labels = torch.rand(8, 3, 16, 16), torch.arange(8) % 5
     mixed, targets = mix(images, labels)
-    assert mixed.shape == images.shape and targets.shape == (8, 5) and targets.dtype == torch.float32
+    assert (
+        mixed.shape == images.shape and targets.shape == (8, 5) and targets.dtype == torch.float32
+    )
     torch.testing.assert_close(targets.sum(1), torch.ones(8))
-    assert (targets > 0).sum(1).max() == 2 and (targets.max(1).values < 1).all()  # two classes, neither whole
+    assert (targets > 0).sum(1).max() == 2 and (
+        targets.max(1).values < 1
+    ).all()  # two classes, neither whole
     assert not torch.equal(mixed, images)
     assert train_classify.get_mixup_cutmix(parse(), num_classes=5) is None
 
 
 def test_norm_weight_decay_puts_norm_layers_and_biases_in_their_own_group():
-    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.Flatten(),
-                                torch.nn.LazyLinear(2))
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 4, 3),
+        torch.nn.BatchNorm2d(4),
+        torch.nn.Flatten(),
+        torch.nn.LazyLinear(2),
+    )
     model(torch.zeros(1, 3, 5, 5))
-    optimizer = train_classify.make_optimizer(model, parse("--wd", "0.05", "--norm-weight-decay", "0"), lr=0.1)
+    optimizer = training.make_optimizer(
+        model, parse("--wd", "0.05", "--norm-weight-decay", "0"), lr=0.1
+    )
     decayed, plain = optimizer.param_groups
     assert decayed["weight_decay"] == 0.05 and plain["weight_decay"] == 0
     assert {id(p) for p in decayed["params"]} == {id(model[0].weight), id(model[3].weight)}
-    assert {id(p) for p in plain["params"]} == {id(model[0].bias), id(model[1].weight), id(model[1].bias),
-                                                id(model[3].bias)}
-    adamw = train_classify.make_optimizer(model, parse("--opt", "adamw"), lr=0.1)
+    assert {id(p) for p in plain["params"]} == {
+        id(model[0].bias),
+        id(model[1].weight),
+        id(model[1].bias),
+        id(model[3].bias),
+    }
+    adamw = training.make_optimizer(model, parse("--opt", "adamw"), lr=0.1)
     assert isinstance(adamw, torch.optim.AdamW) and len(adamw.param_groups) == 1
 
 
 def lr_at(flags, steps_per_epoch, at):
     args = parse(*flags)
     optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.4)
-    scheduler = train_classify.make_scheduler(optimizer, args, steps_per_epoch)
+    scheduler = training.make_scheduler(optimizer, args, steps_per_epoch)
     lrs = []
     for step in range(max(at) + 1):
         lrs.append(optimizer.param_groups[0]["lr"])
@@ -291,17 +446,56 @@ def lr_at(flags, steps_per_epoch, at):
 def test_schedules_follow_their_formulas():
     # 10 epochs of 10 steps, warm-up 2 epochs from 1 % of the lr
     warm = ["--epochs", "10", "--lr-warmup-epochs", "2"]
-    assert lr_at(warm, 10, [0, 10, 20]) == pytest.approx([0.4 * 0.01, 0.4 * (0.01 + 0.99 * 10 / 20), 0.4])
+    assert lr_at(warm, 10, [0, 10, 20]) == pytest.approx(
+        [0.4 * 0.01, 0.4 * (0.01 + 0.99 * 10 / 20), 0.4]
+    )
     cosine = lr_at([*warm, "--lr-min", "0.04"], 10, [20, 60, 99])
-    assert cosine == pytest.approx([0.4, 0.04 + 0.36 * 0.5 * (1 + math.cos(math.pi * 40 / 80)),
-                                    0.04 + 0.36 * 0.5 * (1 + math.cos(math.pi * 79 / 80))])
-    step = lr_at([*warm, "--lr-scheduler", "step", "--lr-step-size", "3", "--lr-gamma", "0.5"], 10, [20, 49, 50, 80])
+    assert cosine == pytest.approx(
+        [
+            0.4,
+            0.04 + 0.36 * 0.5 * (1 + math.cos(math.pi * 40 / 80)),
+            0.04 + 0.36 * 0.5 * (1 + math.cos(math.pi * 79 / 80)),
+        ]
+    )
+    step = lr_at(
+        [*warm, "--lr-scheduler", "step", "--lr-step-size", "3", "--lr-gamma", "0.5"],
+        10,
+        [20, 49, 50, 80],
+    )
     assert step == pytest.approx([0.4, 0.4, 0.2, 0.1])
     poly = lr_at([*warm, "--lr-scheduler", "poly"], 10, [20, 60, 99])
-    assert poly == pytest.approx([0.4, 0.4 * 0.5 ** 0.9, 0.4 * (1 / 80) ** 0.9])
-    constant = lr_at(["--epochs", "10", "--lr-warmup-epochs", "2", "--lr-warmup-method", "constant",
-                      "--lr-warmup-decay", "0.1"], 10, [0, 19, 20])
+    assert poly == pytest.approx([0.4, 0.4 * 0.5**0.9, 0.4 * (1 / 80) ** 0.9])
+    constant = lr_at(
+        [
+            "--epochs",
+            "10",
+            "--lr-warmup-epochs",
+            "2",
+            "--lr-warmup-method",
+            "constant",
+            "--lr-warmup-decay",
+            "0.1",
+        ],
+        10,
+        [0, 19, 20],
+    )
     assert constant == pytest.approx([0.04, 0.04, 0.4])
+
+
+# training.StepLog's view of a run of one process on the CPU, and a log that keeps nothing
+ONE_CPU_PROCESS = SimpleNamespace(
+    rank=0, local_rank=0, size=1, distributed=False, main=True, device=torch.device("cpu")
+)
+
+
+class NoLog:
+    dir = None
+
+    def __call__(self, record, line):
+        pass
+
+    def training_started(self):
+        pass
 
 
 def test_clip_grad_norm_clips_the_total_norm():
@@ -309,7 +503,11 @@ def test_clip_grad_norm_clips_the_total_norm():
 
     class RecordingSGD(torch.optim.SGD):
         def step(self, closure=None):
-            seen.append(torch.norm(torch.stack([p.grad.norm() for g in self.param_groups for p in g["params"]])).item())
+            seen.append(
+                torch.norm(
+                    torch.stack([p.grad.norm() for g in self.param_groups for p in g["params"]])
+                ).item()
+            )
             return super().step(closure)
 
     def norms(flags):
@@ -318,11 +516,19 @@ def test_clip_grad_norm_clips_the_total_norm():
         optimizer = RecordingSGD(model.parameters(), lr=0.1)
         batches = [(100 * torch.randn(4, 3, 2, 2), torch.tensor([0, 1, 2, 0])) for _ in range(3)]
         seen.clear()
-        train_classify.train_one_epoch(model, torch.nn.CrossEntropyLoss(), optimizer,
-                                       torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0),
-                                       torch.amp.GradScaler("cpu", enabled=False), batches, 1, 0, 3,
-                                       parse("--print-freq", "100", *flags), torch.device("cpu"),
-                                       lambda record, line: None)
+        args = parse("--print-freq", "100", *flags)
+        step_log = training.StepLog(args, ONE_CPU_PROCESS, NoLog(), None, None, 3, optimizer)
+        state = {
+            "model": model,
+            "model_ema": None,
+            "optimizer": optimizer,
+            "scheduler": torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0),
+            "scaler": torch.amp.GradScaler("cpu", enabled=False),
+        }
+        steps = step_log.epoch(batches, 1, 0, 0.0)
+        train_classify.train_one_epoch(
+            model, torch.nn.CrossEntropyLoss(), state, steps, step_log, 1, args
+        )
         return list(seen)
 
     assert min(norms([])) > 1
@@ -335,20 +541,33 @@ def test_model_ema_is_checkpointed_and_is_what_evaluate_scores(tmp_path):
     ema = ["--model-ema", "--model-ema-steps", "1", "--model-ema-decay", "0.9"]
     tiny_run(root, out, *ema, "--epochs", "2")
     ckpt = torch.load(os.path.join(out, "checkpoint.pth"), weights_only=True)
-    averaged = {k[len("module."):]: v for k, v in ckpt["model_ema"].items() if k.startswith("module.")}
+    averaged = {
+        k[len("module.") :]: v for k, v in ckpt["model_ema"].items() if k.startswith("module.")
+    }
     assert averaged.keys() == ckpt["model"].keys()
     assert ckpt["model_ema"]["n_averaged"] == 6  # 3 steps x 2 epochs, one update each
     assert not torch.equal(averaged["fc.weight"], ckpt["model"]["fc.weight"])
     last = records(out, "epoch")[-1]
     evaluated = str(tmp_path / "e")
-    run("--data", root, *TINY, *ema, "--resume", os.path.join(out, "checkpoint.pth"), "--evaluate",
-        "--output-dir", evaluated)
+    run(
+        "--data",
+        root,
+        *TINY,
+        *ema,
+        "--resume",
+        os.path.join(out, "checkpoint.pth"),
+        "--evaluate",
+        "--output-dir",
+        evaluated,
+    )
     (score,) = records(evaluated, "eval")
     assert score["ema"] and score["val_top1"] == pytest.approx(last["ema_val_top1"], abs=1e-9)
 
 
 def test_sync_bn_under_cpu_training_is_refused(tmp_path):
-    proc = tiny_run(tiny_imagefolder(str(tmp_path / "d")), str(tmp_path / "o"), "--sync-bn", check=False)
+    proc = tiny_run(
+        tiny_imagefolder(str(tmp_path / "d")), str(tmp_path / "o"), "--sync-bn", check=False
+    )
     assert_one_line_error(proc, "--sync-bn", "CUDA")
 
 
@@ -361,7 +580,10 @@ def test_a_folder_with_a_previous_run_is_refused_and_left_as_it_was(tmp_path):
     root = tiny_imagefolder(str(tmp_path / "d"))
     out = str(tmp_path / "o")
     tiny_run(root, out)
-    before = {name: open(os.path.join(out, name), "rb").read() for name in ("best.pth", "checkpoint.pth", "metrics.jsonl")}
+    before = {
+        name: open(os.path.join(out, name), "rb").read()
+        for name in ("best.pth", "checkpoint.pth", "metrics.jsonl")
+    }
     proc = tiny_run(root, out, check=False)
     assert_one_line_error(proc, out, "--resume", "--overwrite")
     assert before == {name: open(os.path.join(out, name), "rb").read() for name in before}
@@ -421,9 +643,28 @@ def test_disk_full_while_saving_keeps_the_previous_checkpoint(tmp_path):
     out = str(tmp_path / "o")
     spy = tmp_path / "spy.py"
     spy.write_text(FAIL_THIRD_SAVE)
-    proc = subprocess.run([sys.executable, str(spy), SCRIPT, "--data", root, *TINY, "--epochs", "2",
-                           "--output-dir", out], cwd=HERE, capture_output=True, text=True, timeout=600, env=CPU_ENV)
-    assert_one_line_error(proc, os.path.join(out, "checkpoint.pth"), "No space left on device", "previous one is kept")
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(spy),
+            SCRIPT,
+            "--data",
+            root,
+            *TINY,
+            "--epochs",
+            "2",
+            "--output-dir",
+            out,
+        ],
+        cwd=HERE,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=CPU_ENV,
+    )
+    assert_one_line_error(
+        proc, os.path.join(out, "checkpoint.pth"), "No space left on device", "previous one is kept"
+    )
     assert torch.load(os.path.join(out, "checkpoint.pth"), weights_only=True)["epoch"] == 1
     assert sorted(os.listdir(out)) == [".lock", "best.pth", "checkpoint.pth", "metrics.jsonl"]
 
@@ -441,20 +682,38 @@ def test_error_missing_data(tmp_path):
 def test_error_data_without_val(tmp_path):
     root = tiny_imagefolder(str(tmp_path / "d"))
     os.rename(os.path.join(root, "val"), os.path.join(root, "validation"))
-    assert_one_line_error(run("--data", root, "--output-dir", str(tmp_path / "o"), check=False), root, "val/")
+    assert_one_line_error(
+        run("--data", root, "--output-dir", str(tmp_path / "o"), check=False), root, "val/"
+    )
 
 
 def test_error_unknown_arch(tmp_path):
-    proc = tiny_run(tiny_imagefolder(str(tmp_path / "d")), str(tmp_path / "o"), "--arch", "resnet5O", check=False)
+    proc = tiny_run(
+        tiny_imagefolder(str(tmp_path / "d")),
+        str(tmp_path / "o"),
+        "--arch",
+        "resnet5O",
+        check=False,
+    )
     assert_one_line_error(proc, "--arch resnet5O", "resnet50")
 
 
-@pytest.mark.parametrize("flag,value,allowed", [("--lr", "-1", "> 0"), ("--epochs", "0", "at least 1"),
-                                                ("--label-smoothing", "1.5", "in [0, 1)"),
-                                                ("--batch-size", "1", "at least 2"), ("--lr", "inf", "> 0"),
-                                                ("--wd", "nan", ">= 0"), ("--momentum", "nan", "in [0, 1)")])
+@pytest.mark.parametrize(
+    "flag,value,allowed",
+    [
+        ("--lr", "-1", "> 0"),
+        ("--epochs", "0", "at least 1"),
+        ("--label-smoothing", "1.5", "in [0, 1)"),
+        ("--batch-size", "1", "at least 2"),
+        ("--lr", "inf", "> 0"),
+        ("--wd", "nan", ">= 0"),
+        ("--momentum", "nan", "in [0, 1)"),
+    ],
+)
 def test_error_bad_numbers(tmp_path, flag, value, allowed):
-    proc = tiny_run(tiny_imagefolder(str(tmp_path / "d")), str(tmp_path / "o"), flag, value, check=False)
+    proc = tiny_run(
+        tiny_imagefolder(str(tmp_path / "d")), str(tmp_path / "o"), flag, value, check=False
+    )
     assert_one_line_error(proc, flag, allowed)
 
 
@@ -474,20 +733,36 @@ def test_error_output_dir_cannot_be_made(tmp_path):
 def test_error_unreadable_resume_file(tmp_path, content):
     bad = tmp_path / "bad.pth"
     bad.write_bytes(content)
-    proc = tiny_run(tiny_imagefolder(str(tmp_path / "d")), str(tmp_path / "o"), "--resume", str(bad), check=False)
+    proc = tiny_run(
+        tiny_imagefolder(str(tmp_path / "d")),
+        str(tmp_path / "o"),
+        "--resume",
+        str(bad),
+        check=False,
+    )
     assert_one_line_error(proc, f"--resume {bad}", "not a readable checkpoint")
 
 
 def test_error_truncated_resume_file(demo_run, tmp_path):
     data = open(os.path.join(demo_run, "checkpoint.pth"), "rb").read()
     cut = tmp_path / "cut.pth"
-    cut.write_bytes(data[:len(data) // 2])
-    assert_one_line_error(run("--data", "demo", "--resume", str(cut), "--evaluate", check=False), str(cut))
+    cut.write_bytes(data[: len(data) // 2])
+    assert_one_line_error(
+        run("--data", "demo", "--resume", str(cut), "--evaluate", check=False), str(cut)
+    )
 
 
 def test_error_resume_of_another_arch(demo_run):
-    proc = run("--data", "demo", "--arch", "resnet34", "--resume", os.path.join(demo_run, "checkpoint.pth"),
-               "--evaluate", check=False)
+    proc = run(
+        "--data",
+        "demo",
+        "--arch",
+        "resnet34",
+        "--resume",
+        os.path.join(demo_run, "checkpoint.pth"),
+        "--evaluate",
+        check=False,
+    )
     assert_one_line_error(proc, "--arch resnet18", "not --arch resnet34")
 
 
@@ -496,8 +771,16 @@ def test_error_resume_on_other_classes(demo_run, tmp_path):
     shutil.copytree(train_classify.DEMO_DIR, root)
     for split in ("train", "val"):
         os.rename(os.path.join(root, split, "ring"), os.path.join(root, split, "annulus"))
-    proc = run("--data", root, "--arch", "resnet18", "--resume", os.path.join(demo_run, "checkpoint.pth"),
-               "--evaluate", check=False)
+    proc = run(
+        "--data",
+        root,
+        "--arch",
+        "resnet18",
+        "--resume",
+        os.path.join(demo_run, "checkpoint.pth"),
+        "--evaluate",
+        check=False,
+    )
     assert_one_line_error(proc, "other classes", "'circle' there and 'annulus' in --data")
 
 
@@ -547,9 +830,14 @@ def test_last_batch_is_never_a_single_sample(tmp_path):
 
 def test_concurrent_demo_builds_both_succeed(tmp_path):
     root = str(tmp_path / "demo")
-    code = ("import sys, train_classify; train_classify.make_demo_images(sys.argv[1], train_per_class=20, "
-            "val_per_class=4)")
-    procs = [subprocess.Popen([sys.executable, "-c", code, root], cwd=HERE, stderr=subprocess.PIPE) for _ in range(2)]
+    code = (
+        "import sys, data_processing; data_processing.make_demo_images(sys.argv[1], train_per_class=20, "
+        "val_per_class=4)"
+    )
+    procs = [
+        subprocess.Popen([sys.executable, "-c", code, root], cwd=HERE, stderr=subprocess.PIPE)
+        for _ in range(2)
+    ]
     assert [p.wait(timeout=300) for p in procs] == [0, 0], [p.stderr.read() for p in procs]
     assert sorted(os.listdir(tmp_path)) == ["demo"]  # no temporary folder left behind
     assert sum(len(files) for _, _, files in os.walk(root)) == 6 * 24
@@ -582,12 +870,18 @@ def test_a_diverging_run_stops_with_one_line_and_keeps_the_checkpoints_there_wer
     root = tiny_imagefolder(str(tmp_path / "d"), per_class=12)
     out = str(tmp_path / "o")
     tiny_run(root, out)
-    before = {name: open(os.path.join(out, name), "rb").read() for name in ("checkpoint.pth", "best.pth")}
+    before = {
+        name: open(os.path.join(out, name), "rb").read() for name in ("checkpoint.pth", "best.pth")
+    }
     proc = tiny_run(root, out, "--overwrite", "--lr", "1e30", check=False)
-    assert_one_line_error(proc, "epoch 1 step ", "went NaN or infinite", "--lr", "NaN or infinite pixels")
+    assert_one_line_error(
+        proc, "epoch 1 step ", "went NaN or infinite", "--lr", "NaN or infinite pixels"
+    )
     assert before == {name: open(os.path.join(out, name), "rb").read() for name in before}
     assert all(math.isfinite(r["loss"]) for r in records(out, "train"))
-    proc = tiny_run(root, out, "--overwrite", "--lr", "1e30", "--checkpoint-every", "1", check=False)
+    proc = tiny_run(
+        root, out, "--overwrite", "--lr", "1e30", "--checkpoint-every", "1", check=False
+    )
     assert_one_line_error(proc, "went NaN or infinite")
     step = int(proc.stderr.strip().splitlines()[-1].split(" step ")[1].split(":")[0])
     ckpt = torch.load(os.path.join(out, "checkpoint.pth"), weights_only=True)
@@ -598,19 +892,30 @@ def test_a_diverging_run_stops_with_one_line_and_keeps_the_checkpoints_there_wer
 
 def test_flag_combinations_that_cannot_work_are_refused(tmp_path):
     root = tiny_imagefolder(str(tmp_path / "d"))
-    assert_one_line_error(tiny_run(root, str(tmp_path / "a"), "--evaluate", check=False), "--evaluate", "--resume")
-    assert_one_line_error(tiny_run(root, str(tmp_path / "b"), "--val-resize-size", "30", check=False),
-                          "--val-resize-size 30 is below --val-crop-size 32")
-    assert_one_line_error(tiny_run(root, str(tmp_path / "c"), "--lr-min", "0.5", check=False),
-                          "--lr-min 0.5 is above the learning rate, 0.00156", "would climb")
+    assert_one_line_error(
+        tiny_run(root, str(tmp_path / "a"), "--evaluate", check=False), "--evaluate", "--resume"
+    )
+    assert_one_line_error(
+        tiny_run(root, str(tmp_path / "b"), "--val-resize-size", "30", check=False),
+        "--val-resize-size 30 is below --val-crop-size 32",
+    )
+    assert_one_line_error(
+        tiny_run(root, str(tmp_path / "c"), "--lr-min", "0.5", check=False),
+        "--lr-min 0.5 is above the learning rate, 0.00156",
+        "would climb",
+    )
     assert not any(os.path.exists(tmp_path / o / "checkpoint.pth") for o in "abc")
 
 
 def stop_mid_epoch(cmd, out, signum, env=CPU_ENV):
     """Start ``cmd``; once it has logged its second training step, send it ``signum``; the finished process."""
-    proc = subprocess.Popen(cmd, cwd=HERE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+    proc = subprocess.Popen(
+        cmd, cwd=HERE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env
+    )
     deadline = time.time() + 300
-    while not (os.path.exists(os.path.join(out, "metrics.jsonl")) and len(records(out, "train")) >= 2):
+    while not (
+        os.path.exists(os.path.join(out, "metrics.jsonl")) and len(records(out, "train")) >= 2
+    ):
         assert proc.poll() is None and time.time() < deadline, proc.stderr.read()
         time.sleep(0.01)
     proc.send_signal(signum)
@@ -626,13 +931,16 @@ def test_a_stop_signal_saves_the_step_and_resume_ends_as_an_uninterrupted_run(tm
     flags = ["--data", root, *TINY, "--epochs", "2"]
     whole, stopped = str(tmp_path / "whole"), str(tmp_path / "stopped")
     run(*flags, "--output-dir", whole)
-    proc, stderr = stop_mid_epoch([sys.executable, SCRIPT, *flags, "--output-dir", stopped], stopped, signum)
+    proc, stderr = stop_mid_epoch(
+        [sys.executable, SCRIPT, *flags, "--output-dir", stopped], stopped, signum
+    )
     assert proc.returncode == 128 + signum and "Traceback" not in stderr, stderr
     path = os.path.join(stopped, "checkpoint.pth")
     ckpt = torch.load(path, weights_only=True)
     assert stderr.strip().splitlines()[-1] == (
         f"stopped by {signal.Signals(signum).name} at epoch 1 step {ckpt['step']}: saved {path}; to continue, run the "
-        f"same command with --resume {path}")
+        f"same command with --resume {path}"
+    )
     assert ckpt["epoch"] == 1 and 2 <= ckpt["step"] < 20
     run(*flags, "--resume", path)
     a, b = final_weights(whole), final_weights(stopped)
@@ -644,9 +952,13 @@ def test_a_new_run_in_a_folder_whose_run_left_no_checkpoint_logs_alone(tmp_path)
     root = tiny_imagefolder(str(tmp_path / "d"))
     out = tmp_path / "o"
     out.mkdir()
-    (out / "metrics.jsonl").write_text(json.dumps({"type": "train", "epoch": 1, "step": 1, "global_step": 1}) + "\n")
+    (out / "metrics.jsonl").write_text(
+        json.dumps({"type": "train", "epoch": 1, "step": 1, "global_step": 1}) + "\n"
+    )
     tiny_run(root, str(out))
-    assert len(records(str(out), "start")) == 1 and [r["step"] for r in records(str(out), "train")] == [1, 2]
+    assert len(records(str(out), "start")) == 1 and [
+        r["step"] for r in records(str(out), "train")
+    ] == [1, 2]
 
 
 # ------------------------------------------------------------------------------------------
@@ -656,12 +968,21 @@ def test_a_new_run_in_a_folder_whose_run_left_no_checkpoint_logs_alone(tmp_path)
 
 def test_torchvision_flag_names_are_aliases_and_no_prefix_is_taken_for_a_flag():
     args = parse("--model", "resnet18", "--test-only", "--amp", "--crop-size", "176")
-    assert (args.arch, args.evaluate, args.amp, args.crop_size) == ("resnet18", True, "default", 176)
+    assert (args.arch, args.evaluate, args.amp, args.crop_size) == (
+        "resnet18",
+        True,
+        "default",
+        176,
+    )
     assert train_classify.get_args_parser().parse_args(["--data-path", "/d"]).data == "/d"
     assert parse("--amp", "bf16").amp == "bf16" and parse().amp == "none"
-    both = train_classify.parse_args(["--data", "x", "--crop-size", "176", "--val-resize-size", "200"])
+    both = train_classify.parse_args(
+        ["--data", "x", "--crop-size", "176", "--val-resize-size", "200"]
+    )
     assert (both.train_crop_size, both.val_crop_size) == (176, 176)
-    proc = run("--data", "x", "--model-e", check=False)  # a prefix of --model-ema*: refused, never guessed
+    proc = run(
+        "--data", "x", "--model-e", check=False
+    )  # a prefix of --model-ema*: refused, never guessed
     assert proc.returncode == 2 and "unrecognized arguments: --model-e" in proc.stderr
 
 
@@ -669,26 +990,41 @@ def test_bare_amp_is_the_devices_default_and_every_record_has_a_time(tmp_path):
     root, out = tiny_imagefolder(str(tmp_path / "d")), str(tmp_path / "o")
     before = time.time()
     tiny_run(root, out, "--amp", "--epochs", "2")
-    assert records(out, "config")[0]["args"]["amp"] == "bf16"  # on the CPU: torch.autocast's default there
+    assert (
+        records(out, "config")[0]["args"]["amp"] == "bf16"
+    )  # on the CPU: torch.autocast's default there
     with open(os.path.join(out, "metrics.jsonl")) as f:
         stamps = [r["time"] for r in map(json.loads, f)]
     assert before < stamps[0] and stamps == sorted(stamps) and stamps[-1] < time.time()
-    assert [(r["epoch"], r["step"], r["global_step"]) for r in records(out, "epoch")] == [(1, 2, 2), (2, 2, 4)]
-    assert [(r["epoch"], r["step"], r["global_step"]) for r in records(out, "train")] == [(1, 1, 1), (1, 2, 2),
-                                                                                            (2, 1, 3), (2, 2, 4)]
+    assert [(r["epoch"], r["step"], r["global_step"]) for r in records(out, "epoch")] == [
+        (1, 2, 2),
+        (2, 2, 4),
+    ]
+    assert [(r["epoch"], r["step"], r["global_step"]) for r in records(out, "train")] == [
+        (1, 1, 1),
+        (1, 2, 2),
+        (2, 1, 3),
+        (2, 2, 4),
+    ]
 
 
 def test_weights_from_a_file_load_every_tensor_that_fits_and_a_new_head(tmp_path):
     root = tiny_imagefolder(str(tmp_path / "d"))
     torch.manual_seed(1)
-    pretrained = torchvision.models.resnet18(num_classes=1000).state_dict()  # stands in for ImageNet weights
+    pretrained = torchvision.models.resnet18(
+        num_classes=1000
+    ).state_dict()  # stands in for ImageNet weights
     torch.save(pretrained, tmp_path / "resnet18.pth")
     out = str(tmp_path / "o")
     proc = tiny_run(root, out, "--weights", str(tmp_path / "resnet18.pth"), "--lr", "1e-12")
     n = len(pretrained)
-    assert f"{n - 2} of the model's {n} tensors loaded" in proc.stdout  # all but fc.weight and fc.bias
+    assert (
+        f"{n - 2} of the model's {n} tensors loaded" in proc.stdout
+    )  # all but fc.weight and fc.bias
     trained = torch.load(os.path.join(out, "checkpoint.pth"), weights_only=True)["model"]
-    torch.testing.assert_close(trained["conv1.weight"], pretrained["conv1.weight"])  # lr 1e-12: as loaded
+    torch.testing.assert_close(
+        trained["conv1.weight"], pretrained["conv1.weight"]
+    )  # lr 1e-12: as loaded
     torch.testing.assert_close(trained["layer4.1.bn2.weight"], pretrained["layer4.1.bn2.weight"])
     assert trained["fc.weight"].shape == (2, 512)
     # one of our checkpoints is a file of weights too: every tensor fits
@@ -698,34 +1034,61 @@ def test_weights_from_a_file_load_every_tensor_that_fits_and_a_new_head(tmp_path
 
 def test_bad_weights_are_one_error_line(tmp_path):
     root = tiny_imagefolder(str(tmp_path / "d"))
-    assert_one_line_error(tiny_run(root, str(tmp_path / "a"), "--weights", "NoSuch_Weights.X", check=False),
-                          "--weights NoSuch_Weights.X: neither a weights file nor a torchvision weights name")
+    assert_one_line_error(
+        tiny_run(root, str(tmp_path / "a"), "--weights", "NoSuch_Weights.X", check=False),
+        "--weights NoSuch_Weights.X: neither a weights file nor a torchvision weights name",
+    )
     torch.save(torchvision.models.alexnet().state_dict(), tmp_path / "alexnet.pth")
-    assert_one_line_error(tiny_run(root, str(tmp_path / "b"), "--weights", str(tmp_path / "alexnet.pth"), check=False),
-                          "none of its tensors fits the model of --arch resnet18")
+    assert_one_line_error(
+        tiny_run(
+            root, str(tmp_path / "b"), "--weights", str(tmp_path / "alexnet.pth"), check=False
+        ),
+        "none of its tensors fits the model of --arch resnet18",
+    )
     (tmp_path / "junk.pth").write_bytes(b"not a checkpoint")
-    assert_one_line_error(tiny_run(root, str(tmp_path / "c"), "--weights", str(tmp_path / "junk.pth"), check=False),
-                          f"--weights {tmp_path / 'junk.pth'}: neither a weights file")
+    assert_one_line_error(
+        tiny_run(root, str(tmp_path / "c"), "--weights", str(tmp_path / "junk.pth"), check=False),
+        f"--weights {tmp_path / 'junk.pth'}: neither a weights file",
+    )
 
 
 def test_tensorboard_without_the_package_is_one_error_line(tmp_path):
     hide = tmp_path / "hide"  # a sitecustomize that makes the tensorboard package unimportable
     hide.mkdir()
-    (hide / "sitecustomize.py").write_text("import sys\nsys.modules['tensorboard'] = None\n"
-                                           "sys.modules['torch.utils.tensorboard'] = None\n")
+    (hide / "sitecustomize.py").write_text(
+        "import sys\nsys.modules['tensorboard'] = None\n"
+        "sys.modules['torch.utils.tensorboard'] = None\n"
+    )
     root = tiny_imagefolder(str(tmp_path / "d"))
-    proc = run("--data", root, *TINY, "--output-dir", str(tmp_path / "o"), "--tensorboard", check=False,
-               env={**CPU_ENV, "PYTHONPATH": str(hide)})
-    assert_one_line_error(proc, "--tensorboard: needs the tensorboard package (pip install tensorboard)")
+    proc = run(
+        "--data",
+        root,
+        *TINY,
+        "--output-dir",
+        str(tmp_path / "o"),
+        "--tensorboard",
+        check=False,
+        env={**CPU_ENV, "PYTHONPATH": str(hide)},
+    )
+    assert_one_line_error(
+        proc, "--tensorboard: needs the tensorboard package (pip install tensorboard)"
+    )
 
 
 def test_tensorboard_scalars_are_the_metrics_records(tmp_path):
-    event_accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
+    event_accumulator = pytest.importorskip(
+        "tensorboard.backend.event_processing.event_accumulator"
+    )
     root, out = tiny_imagefolder(str(tmp_path / "d")), str(tmp_path / "o")
     tiny_run(root, out, "--tensorboard", "--epochs", "2")
     events = event_accumulator.EventAccumulator(out)
     events.Reload()
-    for kind, key in (("train", "loss"), ("train", "img_s"), ("epoch", "val_top1"), ("epoch", "train_loss")):
+    for kind, key in (
+        ("train", "loss"),
+        ("train", "img_s"),
+        ("epoch", "val_top1"),
+        ("epoch", "train_loss"),
+    ):
         logged = [(r["global_step"], r[key]) for r in records(out, kind)]
         scalars = [(e.step, e.value) for e in events.Scalars(f"{kind}/{key}")]
         assert [s for s, _ in scalars] == [s for s, _ in logged]

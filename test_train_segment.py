@@ -1,6 +1,6 @@
 """End-to-end tests of train_segment.py on the CPU (any GPU hidden, so that runs are bit-for-bit repeatable): the
 demo learns, the overlay is written, and bad data gives one clear line naming the file. Where there is a GPU, the
-demo also learns on it."""
+demo also learns on it. save_overlay's picture (image, truth, prediction, titles, legend) is checked directly."""
 
 import csv
 import json
@@ -15,6 +15,7 @@ import torchvision
 from PIL import Image
 
 from data_processing import make_csv_file_npy
+from train_segment import save_overlay
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -24,8 +25,14 @@ CPU_ENV = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
 
 
 def run(*flags, check=True, env=CPU_ENV):
-    proc = subprocess.run([sys.executable, SCRIPT, *flags], cwd=HERE, capture_output=True, text=True, timeout=600,
-                          env=env)
+    proc = subprocess.run(
+        [sys.executable, SCRIPT, *flags],
+        cwd=HERE,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
     if check:
         assert proc.returncode == 0, proc.stderr
     return proc
@@ -58,13 +65,17 @@ def test_demo_learns(demo_run):
     # of each image); the same 2 epochs with image flips drawn apart from mask flips scored 0.0.
     assert epochs[-1]["val_dice"] >= 50, epochs
     assert epochs[-1]["val_dice_per_class"].keys() == {"1"}
-    assert 0 < epochs[-1]["val_iou"] < epochs[-1]["val_dice"]  # IoU = Dice / (2 - Dice) for one class
+    assert (
+        0 < epochs[-1]["val_iou"] < epochs[-1]["val_dice"]
+    )  # IoU = Dice / (2 - Dice) for one class
     d = epochs[-1]["val_dice"] / 100
     assert epochs[-1]["val_iou"] == pytest.approx(100 * d / (2 - d), rel=1e-9)
     train = records(demo_run, "train")
     assert {"loss", "lr", "img_s", "data_wait"} <= set(train[0])
     ckpt = torch.load(os.path.join(demo_run, "checkpoint.pth"), weights_only=True)
-    assert ckpt["epoch"] == 2 and ckpt["args"]["arch"] == "unet" and ckpt["args"]["num_classes"] == 1
+    assert (
+        ckpt["epoch"] == 2 and ckpt["args"]["arch"] == "unet" and ckpt["args"]["num_classes"] == 1
+    )
     assert ckpt["step"] == train[0]["steps"] == -(-128 // 8)  # 128 training pairs of 160, batch 8
     assert os.path.isfile(os.path.join(demo_run, "best.pth"))
 
@@ -72,7 +83,18 @@ def test_demo_learns(demo_run):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_demo_learns_on_the_gpu(tmp_path):
     out = str(tmp_path)
-    run("--data", "demo", "--epochs", "2", "--amp", "bf16", "--channels-last", "--output-dir", out, env=os.environ)
+    run(
+        "--data",
+        "demo",
+        "--epochs",
+        "2",
+        "--amp",
+        "bf16",
+        "--channels-last",
+        "--output-dir",
+        out,
+        env=os.environ,
+    )
     epochs = records(out, "epoch")
     assert [e["epoch"] for e in epochs] == [1, 2] and epochs[-1]["val_dice"] >= 50, epochs
     ckpt = torch.load(os.path.join(out, "checkpoint.pth"), weights_only=True)
@@ -89,10 +111,19 @@ def test_overlay_png(demo_run):
 
 
 def test_evaluate_reproduces_last_logged_dice(demo_run, tmp_path):
-    run("--data", "demo", "--resume", os.path.join(demo_run, "checkpoint.pth"), "--evaluate",
-        "--output-dir", str(tmp_path))
+    run(
+        "--data",
+        "demo",
+        "--resume",
+        os.path.join(demo_run, "checkpoint.pth"),
+        "--evaluate",
+        "--output-dir",
+        str(tmp_path),
+    )
     (evaluation,) = records(str(tmp_path), "eval")
-    assert evaluation["val_dice"] == pytest.approx(records(demo_run, "epoch")[-1]["val_dice"], abs=1e-9)
+    assert evaluation["val_dice"] == pytest.approx(
+        records(demo_run, "epoch")[-1]["val_dice"], abs=1e-9
+    )
 
 
 def prepared_root(root, n=4, size=(64, 64), classes=2):
@@ -101,15 +132,37 @@ def prepared_root(root, n=4, size=(64, 64), classes=2):
     for k in range(n):
         for kind in ("Images", "Masks"):
             os.makedirs(os.path.join(root, kind, "1"), exist_ok=True)
-        np.save(os.path.join(root, "Images", "1", f"{k}.npy"), rng.integers(0, 256, (*size, 3), dtype=np.uint8))
-        np.save(os.path.join(root, "Masks", "1", f"{k}.npy"), rng.integers(0, classes, (*size, 1), dtype=np.uint8))
+        np.save(
+            os.path.join(root, "Images", "1", f"{k}.npy"),
+            rng.integers(0, 256, (*size, 3), dtype=np.uint8),
+        )
+        np.save(
+            os.path.join(root, "Masks", "1", f"{k}.npy"),
+            rng.integers(0, classes, (*size, 1), dtype=np.uint8),
+        )
     make_csv_file_npy(root, valid_fraction=0.5, seed=0)
     return root
 
 
 def tiny(root, *flags, out=None):
-    return run("--data", root, "--size", "64", "--unet-width", "8", "--batch-size", "2", "--epochs", "1",
-               "--dali-device", "cpu", "--output-dir", out or os.path.join(root, "out"), *flags, check=False)
+    return run(
+        "--data",
+        root,
+        "--size",
+        "64",
+        "--unet-width",
+        "8",
+        "--batch-size",
+        "2",
+        "--epochs",
+        "1",
+        "--dali-device",
+        "cpu",
+        "--output-dir",
+        out or os.path.join(root, "out"),
+        *flags,
+        check=False,
+    )
 
 
 def test_multiclass_reports_every_class(tmp_path):
@@ -130,17 +183,26 @@ def test_compile_trains_as_eager_and_saves_the_plain_model(tmp_path):
         runs[name] = str(tmp_path / name)
         proc = tiny(root, "--print-freq", "1", *flags, out=runs[name])
         assert proc.returncode == 0, proc.stderr
-    eager_loss, compiled_loss = ([r["loss"] for r in records(runs[k], "train")] for k in ("eager", "compiled"))
+    eager_loss, compiled_loss = (
+        [r["loss"] for r in records(runs[k], "train")] for k in ("eager", "compiled")
+    )
     assert len(compiled_loss) == 1 and compiled_loss == pytest.approx(eager_loss, rel=1e-3)
     plain = torch.load(os.path.join(runs["eager"], "checkpoint.pth"), weights_only=True)["model"]
     saved = torch.load(os.path.join(runs["compiled"], "checkpoint.pth"), weights_only=True)["model"]
     assert saved.keys() == plain.keys()  # no torch.compile "_orig_mod." prefix
     assert all(saved[k].shape == plain[k].shape and saved[k].dtype == plain[k].dtype for k in plain)
-    proc = tiny(root, "--evaluate", "--resume", os.path.join(runs["compiled"], "checkpoint.pth"),
-                out=str(tmp_path / "eval"))
+    proc = tiny(
+        root,
+        "--evaluate",
+        "--resume",
+        os.path.join(runs["compiled"], "checkpoint.pth"),
+        out=str(tmp_path / "eval"),
+    )
     assert proc.returncode == 0, proc.stderr
     (evaluation,) = records(str(tmp_path / "eval"), "eval")
-    assert evaluation["val_dice"] == pytest.approx(records(runs["compiled"], "epoch")[-1]["val_dice"], abs=1e-9)
+    assert evaluation["val_dice"] == pytest.approx(
+        records(runs["compiled"], "epoch")[-1]["val_dice"], abs=1e-9
+    )
 
 
 def test_error_csv_row_points_to_missing_file(tmp_path):
@@ -174,7 +236,9 @@ def png_root(root, images=("a", "b"), masks=("a", "b")):
     for kind, names in (("Images", images), ("Masks", masks)):
         os.makedirs(os.path.join(root, kind, "1"))
         for name in names:
-            Image.new("RGB" if kind == "Images" else "L", (32, 32)).save(os.path.join(root, kind, "1", f"{name}.png"))
+            Image.new("RGB" if kind == "Images" else "L", (32, 32)).save(
+                os.path.join(root, kind, "1", f"{name}.png")
+            )
     return root
 
 
@@ -196,8 +260,26 @@ def test_mid_epoch_resume_gives_the_uninterrupted_weights(tmp_path):
     from test_train_classify import assert_resume_is_exact
 
     root = prepared_root(str(tmp_path / "p"), n=16, size=(32, 32))
-    flags = ["--data", root, "--size", "32", "--unet-width", "4", "--batch-size", "2", "--epochs", "2",
-             "--dali-device", "cpu", "--workers", "1", "--print-freq", "1", "--checkpoint-every", "2"]
+    flags = [
+        "--data",
+        root,
+        "--size",
+        "32",
+        "--unet-width",
+        "4",
+        "--batch-size",
+        "2",
+        "--epochs",
+        "2",
+        "--dali-device",
+        "cpu",
+        "--workers",
+        "1",
+        "--print-freq",
+        "1",
+        "--checkpoint-every",
+        "2",
+    ]
     assert_resume_is_exact(SCRIPT, flags, tmp_path)
 
 
@@ -210,20 +292,40 @@ def test_pairs_by_position_with_int64_masks_and_grey_images(tmp_path):
     rows = ["index,images,masks"]
     for k in range(6):
         mask = np.zeros((32, 32), np.int64)
-        mask[4 + k:20, 8:24] = 1 + k % 2
-        np.save(root / f"x{k}.npy", (rng.integers(0, 60, (32, 32)) + 100 * (mask > 0)).astype(np.uint8))
+        mask[4 + k : 20, 8:24] = 1 + k % 2
+        np.save(
+            root / f"x{k}.npy", (rng.integers(0, 60, (32, 32)) + 100 * (mask > 0)).astype(np.uint8)
+        )
         np.save(root / f"x{k}_mask.npy", mask)
         rows.append(f"{k},x{k}.npy,x{k}_mask.npy")
     for split in ("train", "valid"):
         (root / "csv_file" / f"{split}.csv").write_text("\n".join(rows) + "\n")
     out = str(tmp_path / "o")
-    proc = run("--data", str(root), "--size", "32", "--unet-width", "4", "--batch-size", "2", "--epochs", "1",
-               "--num-classes", "3", "--dali-device", "cpu", "--output-dir", out)
+    proc = run(
+        "--data",
+        str(root),
+        "--size",
+        "32",
+        "--unet-width",
+        "4",
+        "--batch-size",
+        "2",
+        "--epochs",
+        "1",
+        "--num-classes",
+        "3",
+        "--dali-device",
+        "cpu",
+        "--output-dir",
+        out,
+    )
     assert "1-channel images" in proc.stdout
     (epoch,) = records(out, "epoch")
     assert epoch["val_dice_per_class"].keys() == {"0", "1", "2"}
     ckpt = torch.load(os.path.join(out, "checkpoint.pth"), weights_only=True)
-    assert ckpt["model"]["down.0.0.weight"].shape[1] == 1  # the U-Net was built for one input channel
+    assert (
+        ckpt["model"]["down.0.0.weight"].shape[1] == 1
+    )  # the U-Net was built for one input channel
 
 
 def test_a_folder_with_a_previous_run_is_refused(tmp_path):
@@ -239,7 +341,7 @@ def test_error_truncated_mask(tmp_path):
     mask = os.path.join(root, "Masks", "1", "1.npy")
     data = open(mask, "rb").read()
     with open(mask, "wb") as f:
-        f.write(data[:len(data) - 100])
+        f.write(data[: len(data) - 100])
     assert_one_line_error(tiny(root), mask)
 
 
@@ -272,15 +374,75 @@ def test_error_float_image_with_nan_pixels_before_training(tmp_path):
 
 def test_weights_of_a_torchvision_model_load_into_its_wrapper_with_a_new_head(tmp_path):
     torch.manual_seed(1)
-    pretrained = torchvision.models.get_model("lraspp_mobilenet_v3_large", num_classes=21,
-                                              weights_backbone=None).state_dict()
-    torch.save(pretrained, tmp_path / "lraspp.pth")  # torchvision's keys, as its downloaded weights have them
+    pretrained = torchvision.models.get_model(
+        "lraspp_mobilenet_v3_large", num_classes=21, weights_backbone=None
+    ).state_dict()
+    torch.save(
+        pretrained, tmp_path / "lraspp.pth"
+    )  # torchvision's keys, as its downloaded weights have them
     out = str(tmp_path / "o")
-    proc = run("--data", "demo", "--epochs", "1", "--arch", "lraspp_mobilenet_v3_large", "--num-classes", "2",
-               "--weights", str(tmp_path / "lraspp.pth"), "--lr", "1e-12", "--output-dir", out)
+    proc = run(
+        "--data",
+        "demo",
+        "--epochs",
+        "1",
+        "--arch",
+        "lraspp_mobilenet_v3_large",
+        "--num-classes",
+        "2",
+        "--weights",
+        str(tmp_path / "lraspp.pth"),
+        "--lr",
+        "1e-12",
+        "--output-dir",
+        out,
+    )
     n = len(pretrained)
-    assert f"{n - 4} of the model's {n} tensors loaded" in proc.stdout  # all but the two 21-class heads
+    assert (
+        f"{n - 4} of the model's {n} tensors loaded" in proc.stdout
+    )  # all but the two 21-class heads
     trained = torch.load(os.path.join(out, "checkpoint.pth"), weights_only=True)["model"]
     key = "backbone.0.0.weight"
     torch.testing.assert_close(trained[f"model.{key}"], pretrained[key])
     assert trained["model.classifier.high_classifier.weight"].shape[0] == 2
+
+
+def test_overlay_shows_image_truth_and_prediction_in_class_colours_with_titles_and_legend(tmp_path):
+    images = torch.stack(
+        [torch.linspace(-1, 1, 32 * 32).view(1, 32, 32).expand(3, -1, -1)] * 2
+    )  # two ramps
+    masks, preds = (
+        torch.zeros(2, 32, 32, dtype=torch.long),
+        torch.zeros(2, 32, 32, dtype=torch.long),
+    )
+    masks[:, :16], preds[:, :, 16:] = (
+        1,
+        2,
+    )  # truth: class 1 on top; prediction: class 2 on the right
+    save_overlay(str(tmp_path / "o.png"), images, masks, preds, num_classes=3)
+    with Image.open(tmp_path / "o.png") as im:
+        canvas = np.asarray(im.convert("RGB")).astype(int)
+    # 3 columns of 32 px and 4 px padding; a 16 px title line; 2 rows; a legend of two lines (it needs more width)
+    assert canvas.shape == (16 + 2 * 36 + 4 + 2 * 16, 3 * 36 + 4, 3)
+
+    def tile(row, col):
+        return canvas[16 + 4 + 36 * row : 16 + 36 + 36 * row, 4 + 36 * col : 36 + 36 * col]
+
+    plain = (
+        np.asarray(255 * (images[0, 0] + 1) / 2).astype(np.uint8).astype(int)
+    )  # each image stretched to 0..255
+    green, magenta = (
+        np.array([0, 255, 0]),
+        np.array([255, 0, 255]),
+    )  # class 1, class 2: the same in both columns
+    for row in (0, 1):
+        assert np.abs(tile(row, 0) - plain[..., None]).max() <= 1  # the image, bare
+        truth, pred = tile(row, 1), tile(row, 2)
+        assert np.abs(truth[:16] - (0.55 * plain[:16, :, None] + 0.45 * green)).max() <= 1.5
+        assert np.abs(truth[16:] - plain[16:, :, None]).max() <= 1  # background stays bare
+        assert np.abs(pred[:, 16:] - (0.55 * plain[:, 16:, None] + 0.45 * magenta)).max() <= 1.5
+        assert np.abs(pred[:, :16] - plain[:, :16, None]).max() <= 1
+    for col in range(3):  # a title over each column: white text on black
+        assert (canvas[2:14, 4 + 36 * col : 36 + 36 * col] > 200).all(axis=-1).sum() >= 10
+    legend = 16 + 2 * 36 + 4
+    assert (canvas[legend + 5, 6] == green).all() and (canvas[legend + 16 + 5, 6] == magenta).all()

@@ -1,0 +1,1167 @@
+"""What the DALI pipelines read: finding, listing, indexing and checking image data.
+
+Classification data is an ImageFolder tree, a DALI file list, TFRecord files or WebDataset tars, on
+local disk or under an ``s3://`` prefix; ``ClassifyReader`` turns any of them into DALI's reader and
+labels. Segmentation data is ``.npy`` image/mask pairs listed by split CSVs;
+``check_segmentation_files`` checks them from their headers alone. Adding a layout is an edit of
+this file (and of ``ClassifyReader``'s call).
+
+Bad input raises ``DataError`` naming the offending path, before DALI builds anything.
+"""
+
+import atexit
+import contextlib
+import csv
+import functools
+import hashlib
+import io
+import itertools
+import json
+import math
+import os
+import random
+import re
+import shutil
+import struct
+import sys
+import tarfile
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+from nvidia.dali import ops, tfrecord, types
+from nvidia.dali.pipeline import Pipeline
+from PIL import Image
+
+
+class DataError(ValueError):
+    """Input data that cannot be read as asked; the message names the offending path."""
+
+
+# Samples a shuffling TFRecord/WebDataset reader holds and picks from at random: those readers read
+# shards front to back, so beyond this window an epoch's order comes from the shard order
+# (reshuffled every epoch) and the order make_shards.py wrote. 4096 ImageNet JPEGs are ~450 MB of
+# host memory per pipeline.
+SHUFFLE_BUFFER = 4096
+# The extensions torchvision's ImageFolder accepts (case-insensitive), so that both loaders see the
+# same files.
+IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
+# TensorFlow's shard names (train-00000-of-01024) have no extension; other writers use .tfrecord.
+TFRECORD_NAME = re.compile(r"[^.].*-\d{5}-of-\d{5}|[^.].*\.tfrecords?")
+TFRECORD_FEATURES = {
+    "image/encoded": tfrecord.FixedLenFeature((), tfrecord.string, ""),
+    "image/class/label": tfrecord.FixedLenFeature([1], tfrecord.int64, -1),
+}
+# A WebDataset sample is <key>.<image extension> + <key>.cls; the same image types as ImageFolder.
+WDS_IMAGE_EXTENSIONS = tuple(e[1:] for e in IMG_EXTENSIONS)
+# Longest .cls label in decimal digits: any class index that fits an int32.
+LABEL_DIGITS = 9
+# Where the index of a shard in a read-only folder goes, keyed by the shard's absolute path.
+INDEX_CACHE = os.path.join(
+    os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "dali-indexes"
+)
+# Seconds between two progress lines of a long job; a job done sooner prints none.
+PROGRESS_EVERY = 5.0
+
+
+def progress(items, total, what, every=PROGRESS_EVERY, out=None):
+    """``items``, passed through, with a line on ``out`` (stderr) every ``every`` seconds: ``what``,
+    the count of ``total``, the rate and the ETA; one line at a time, so that it reads the same on a
+    terminal and in a cluster log. A job done within the first ``every`` seconds prints nothing; one
+    that printed ends with a line of its total time."""
+    start = last = time.perf_counter()
+    done = 0
+    for done, item in enumerate(items, 1):
+        yield item
+        if (now := time.perf_counter()) - last >= every:
+            last, rate = now, done / (now - start)
+            eta = f", eta {round((total - done) / rate)} s" if total else ""
+            print(
+                f"{what}: {done:,}/{total:,} ({100 * done / max(total, 1):.0f} %), {rate:,.1f}/s{eta}",
+                file=out or sys.stderr,
+                flush=True,
+            )
+    if last > start:
+        print(
+            f"{what}: {done:,} done in {time.perf_counter() - start:.0f} s",
+            file=out or sys.stderr,
+            flush=True,
+        )
+
+
+@contextlib.contextmanager
+def atomic_open(path, mode="wb"):
+    """A file that appears under ``path`` only once it is completely written (a temporary name in
+    the same folder, then a rename), so that a killed writer never leaves half a file behind that
+    name."""
+    folder, name = os.path.split(path)
+    tmp = os.path.join(folder, f".{name}.{os.getpid()}.partial")  # what atomic_temp_pattern matches
+    try:
+        with open(tmp, mode) as f:
+            yield f
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def atomic_temp_pattern(name):
+    """A regular expression of ``atomic_open``'s temporary names for the files that the expression
+    ``name`` matches: what a killed writer leaves behind."""
+    return rf"\.{name}\.\d+\.partial"
+
+
+# data in object storage: s3:// URLs, whose bytes DALI's readers fetch themselves
+# ------------------------------ boto3 lists the prefixes and reads the small files (classes.txt,
+# manifest.json, index summaries, digests): its errors say what is wrong (bucket, credentials,
+# access, endpoint) before DALI builds anything.
+
+# Seconds a request may wait for a connection, and then for each answer; AWS_MAX_ATTEMPTS (3) bounds
+# the tries.
+S3_TIMEOUT = 10
+# Requests in flight at once while the indexes of remote shards are checked.
+S3_THREADS = 16
+
+
+def remote(path):
+    """Whether ``path`` is in object storage (an s3:// URL)."""
+    return str(path).startswith("s3://")
+
+
+@functools.lru_cache(maxsize=1)
+def s3_client():
+    """boto3's S3 client: endpoint (``AWS_ENDPOINT_URL``), credentials and region found as the AWS
+    tools find them."""
+    try:
+        import boto3
+        from botocore.config import Config
+    except ImportError:
+        raise DataError("s3:// data needs the boto3 package (pip install boto3)") from None
+    return boto3.client(
+        "s3",
+        config=Config(
+            connect_timeout=S3_TIMEOUT, read_timeout=S3_TIMEOUT, retries={"mode": "standard"}
+        ),
+    )
+
+
+@contextlib.contextmanager
+def s3_errors(url):
+    """The client, with boto3's errors about ``url`` turned into a ``DataError`` that says what to
+    check, and a missing object into ``FileNotFoundError``."""
+    client = s3_client()
+    from botocore import exceptions
+
+    try:
+        yield client
+    except exceptions.NoCredentialsError:
+        raise DataError(
+            f"{url}: no AWS credentials found (set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or "
+            f"AWS_PROFILE)"
+        ) from None
+    except exceptions.ClientError as e:
+        code, message = e.response["Error"].get("Code"), e.response["Error"].get("Message")
+        if code == "NoSuchKey":
+            raise FileNotFoundError(url) from None
+        if code == "NoSuchBucket":
+            raise DataError(f"{url}: no such bucket at {client.meta.endpoint_url}") from None
+        if e.response["ResponseMetadata"].get("HTTPStatusCode") == 403:
+            raise DataError(
+                f"{url}: access denied ({code}: {message}); check the credentials and the bucket's "
+                f"policy"
+            ) from None
+        raise DataError(f"{url}: {code} from {client.meta.endpoint_url} ({message})") from None
+    except exceptions.BotoCoreError as e:  # no connection, or no answer within S3_TIMEOUT
+        raise DataError(f"{url}: {e}; check AWS_ENDPOINT_URL and that the server is up") from None
+
+
+def s3_bucket_key(url):
+    bucket, _, key = url[len("s3://") :].partition("/")
+    return bucket, key.strip("/")
+
+
+@functools.lru_cache(maxsize=None)
+def s3_files(url):
+    """{path relative to ``url``: size in bytes} of every object under the s3:// prefix ``url``,
+    listed once."""
+    bucket, key = s3_bucket_key(url)
+    prefix = key and key + "/"
+    with s3_errors(url) as s3:
+        pages = s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+        return {
+            o["Key"][len(prefix) :]: o["Size"]
+            for page in pages
+            for o in page.get("Contents", [])
+            if not o["Key"].endswith("/")
+        }  # a key ending in / is a console's folder marker
+
+
+@functools.lru_cache(maxsize=None)
+def s3_tree(url):
+    """{top-level name under ``url``: its files' relative paths in ``walk``'s order}, from one
+    listing."""
+    tree = {}
+    for rel in sorted(s3_files(url), key=os.path.split):
+        tree.setdefault(rel.split("/")[0], []).append(rel)
+    return tree
+
+
+def s3_get(url, byte_range=None):
+    """The bytes of an s3:// object (``byte_range``: HTTP's "bytes=first-last")."""
+    bucket, key = s3_bucket_key(url)
+    with s3_errors(url) as s3:
+        return s3.get_object(
+            Bucket=bucket, Key=key, **({"Range": byte_range} if byte_range else {})
+        )["Body"].read()
+
+
+def overlapped(fn, items, parallel):
+    """``map(fn, items)``, in order; on ``S3_THREADS`` threads when ``parallel`` (requests to object
+    storage, which overlap), in this thread otherwise."""
+    if not parallel:
+        yield from map(fn, items)
+        return
+    with ThreadPoolExecutor(S3_THREADS) as pool:
+        yield from pool.map(fn, items)
+
+
+def s3_size(url):
+    """The size of an s3:// object from its prefix's one listing, or None when there is no such
+    object."""
+    return s3_files(os.path.dirname(url)).get(os.path.basename(url))
+
+
+def isdir(path):
+    """``os.path.isdir``; for an s3:// prefix, whether any object is under it."""
+    return bool(s3_files(path)) if remote(path) else os.path.isdir(path)
+
+
+def entries(folder):
+    """(name, is a folder) of everything in a folder or directly under an s3:// prefix."""
+    if remote(folder):
+        return [(name, "/" in rels[0]) for name, rels in s3_tree(folder).items()]
+    return [(e.name, e.is_dir()) for e in os.scandir(folder)]
+
+
+def walk(folder):
+    """Every file under ``folder``, in torchvision's ImageFolder order (``sorted(os.walk(folder))``,
+    each folder's names sorted); under an s3:// prefix, from its parent's one listing."""
+    if remote(folder):
+        parent, name = os.path.split(folder)
+        return [os.path.join(parent, rel) for rel in s3_tree(parent).get(name, [])]
+    return [
+        os.path.join(root, n)
+        for root, _, names in sorted(os.walk(folder, followlinks=True))
+        for n in sorted(names)
+    ]
+
+
+def isfile(path):
+    """``os.path.isfile``; for an s3:// object, whether its prefix's listing holds it."""
+    return s3_size(path) is not None if remote(path) else os.path.isfile(path)
+
+
+def read_head(path, n):
+    """The first ``n`` bytes of a file or s3:// object (one ranged request), and its size."""
+    if remote(path):
+        if (size := s3_size(path)) is None:
+            raise FileNotFoundError(path)
+        return s3_get(path, f"bytes=0-{n - 1}") if size else b"", size
+    with open(path, "rb") as f:
+        return f.read(n), os.fstat(f.fileno()).st_size
+
+
+def load_npy(path):
+    """A .npy array, memory-mapped; an s3:// one read whole (the checks that read every pixel)."""
+    return np.load(io.BytesIO(s3_get(path))) if remote(path) else np.load(path, mmap_mode="r")
+
+
+def read_bytes(path):
+    """A whole (small) file or s3:// object; FileNotFoundError when there is none."""
+    if remote(path):
+        return s3_get(path)
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def remote_shard_index(shard, layout):
+    """``shard_index`` of an s3:// shard: its index beside it, made before the upload, so that DALI
+    reads both from the store. The summary's size and digest must still match the shard (not its
+    time: an upload sets its own)."""
+    name, listed = os.path.basename(shard), s3_files(os.path.dirname(shard))
+    how = (
+        f"index a local copy (python -c \"import data_sources; data_sources.shard_index('{name}', '{layout}')\") and "
+        f"upload {name}.idx and {name}.idx.json beside it (make_shards.py writes both for every shard)"
+    )
+    if name + ".idx" not in listed or name + ".idx.json" not in listed:
+        raise DataError(f"{shard}: no index beside it ({name}.idx and {name}.idx.json); {how}")
+    text = s3_get(shard + ".idx.json")
+    try:
+        summary = json.loads(text)
+        recorded = summary["shard"]["bytes"], summary["index_bytes"], summary["digest"]
+    except (ValueError, KeyError, TypeError):
+        recorded = None
+    if recorded != (listed[name], listed[name + ".idx"], shard_digest(shard)):
+        raise DataError(
+            f"{shard}: does not match its index ({name}.idx.json records another size or digest: the "
+            f"shard was rewritten since it was indexed); {how}"
+        )
+    return shard + ".idx", summary
+
+
+def find_changed(pipe):
+    """The first of ``pipe``'s s3:// files that is gone, or of another size, since the run listed
+    them; or None."""
+    split = pipe.read.data_dir
+    before, now = (
+        s3_files(split),
+        s3_files.__wrapped__(split),
+    )  # the listing this run used, and a new one
+    return next(
+        (f for f in pipe.files if now.get(rel := f[len(split) :].lstrip("/")) != before[rel]), None
+    )
+
+
+# classification data: folders, file lists and shards
+# ------------------------------------------------
+
+
+class ClassifyReader:
+    """The reader of a classification pipeline and its labels: called in ``define_graph``, it gives
+    the encoded images and their labels (int32 of shape (1,), less ``label_offset``).
+
+    ``data_dir`` is an ImageFolder tree (labelled by ``classes`` when given: train's names for a val
+    split), a ``file_list``'s root, or a folder of TFRecord files or WebDataset tars (indexed on
+    first use, see ``shard_index``). Every shard returns the same number of batches, as DDP needs: a
+    training reader (``shuffle``) repeats a few distinct samples of the set so that every shard
+    holds whole batches (see ``repeats``), a validation reader pads its last batch, which the
+    iterator drops. Stored labels outside [0, num_classes) raise ``DataError``.
+    """
+
+    def __init__(
+        self,
+        data_dir,
+        file_list,
+        *,
+        classes,
+        num_classes,
+        label_offset,
+        shard_id,
+        num_shards,
+        shuffle,
+        batch_size,
+        stick_to_shard=False,
+        skip_cached_images=False,
+    ):
+        self.label_offset, self.data_dir = label_offset, data_dir
+        self.layout = "folder" if file_list is not None else find_layout(data_dir)
+        args = dict(
+            shard_id=shard_id,
+            num_shards=num_shards,
+            random_shuffle=shuffle,
+            pad_last_batch=True,
+            stick_to_shard=stick_to_shard,
+            skip_cached_images=skip_cached_images,
+            name="Reader",
+        )
+        # How many samples to repeat so that every shard holds whole batches (training only).
+        extra = functools.partial(
+            extra_samples, num_shards=num_shards, batch_size=batch_size, training=shuffle
+        )
+        if self.layout == "folder":
+            ranges = self.folder_reader(data_dir, file_list, classes, extra, args)
+        else:
+            ranges = self.shard_reader(data_dir, classes, extra, args)
+        self.num_classes = num_classes
+        if num_classes is None and self.classes is not None:
+            self.num_classes = len(self.classes)
+        for where, lowest, highest in ranges:
+            for label in (lowest, highest):
+                if not 0 <= label - label_offset < (self.num_classes or math.inf):
+                    raise DataError(
+                        f"{where}: stored label {label} minus label_offset "
+                        f"{label_offset} is outside [0, {self.num_classes or 'inf'})"
+                    )
+        self.to_int32 = ops.Cast(dtype=types.INT32)
+
+    def folder_reader(self, data_dir, file_list, classes, extra, args):
+        """DALI's file reader over an ImageFolder tree or a file list; (where, lowest, highest)
+        stored label."""
+        if file_list is None:
+            self.files, labels, self.classes = list_image_folder(data_dir, classes)
+            ranges = [(data_dir, min(labels), max(labels))]
+        else:
+            self.files, labels = read_file_list(data_dir, file_list)
+            self.classes, ranges = classes, []
+            if labels:
+                ranges = [(file_list, min(labels), max(labels))]
+        self.num_samples = len(self.files)
+        n = extra(self.num_samples)
+        files, labels = self.files + repeats(self.files, n), labels + repeats(labels, n)
+        self.reader = ops.readers.File(files=files, labels=labels, **args)
+        return ranges
+
+    def shard_reader(self, data_dir, classes, extra, args):
+        """DALI's TFRecord or WebDataset reader over the shards of ``data_dir``, indexed first;
+        (shard, lowest, highest) stored label of each."""
+        self.files = shard_files(data_dir, self.layout)
+        check_manifest(data_dir, self.files)
+        index = functools.partial(shard_index, layout=self.layout)
+        indexed = overlapped(index, self.files, remote(data_dir))
+        progress_lines = progress(indexed, len(self.files), f"{data_dir}: shards indexed")
+        indexes, summaries = zip(*progress_lines)
+        self.num_samples = sum(s["samples"] for s in summaries)
+        if n := extra(self.num_samples):
+            indexes = padded_indexes(indexes, self.layout, n)
+        listed = read_classes_txt(data_dir)
+        if classes is not None and listed is not None and list(classes) != listed:
+            raise DataError(
+                f"{os.path.join(data_dir, 'classes.txt')}: its {len(listed)} classes "
+                f"differ from the {len(classes)} training classes (names and index "
+                f"order must match)"
+            )
+        self.classes = list(classes) if classes is not None else listed
+        if args["random_shuffle"]:
+            # Whole shards in a new order every epoch (the same on every rank: the default
+            # shuffle_after_epoch_seed, not the per-rank seed), samples from a SHUFFLE_BUFFER
+            # window.
+            args.update(initial_fill=SHUFFLE_BUFFER, shuffle_after_epoch=True)
+        if self.layout == "tfrecord":
+            self.reader = ops.readers.TFRecord(
+                path=self.files, index_path=list(indexes), features=TFRECORD_FEATURES, **args
+            )
+        else:
+            self.reader = ops.readers.Webdataset(
+                paths=self.files,
+                index_paths=list(indexes),
+                ext=[";".join(WDS_IMAGE_EXTENSIONS), "cls"],
+                missing_component_behavior="error",
+                **args,
+            )
+            self.pad_digits = ops.Pad(fill_value=ord("0"), shape=[LABEL_DIGITS])
+            self.to_int64 = ops.Cast(dtype=types.INT64)
+            self.sum = ops.reductions.Sum(keep_dims=True)
+        return [(shard, *s["labels"]) for shard, s in zip(self.files, summaries)]
+
+    def __call__(self):
+        if self.layout == "tfrecord":
+            record = self.reader()
+            images, labels = record["image/encoded"], record["image/class/label"]
+        elif self.layout == "wds":
+            images, text = self.reader()
+            # .cls holds the label in ASCII digits ("103"). Padded on the right with "0" to
+            # LABEL_DIGITS digits it reads as label * 10 ** padding; the division takes that off.
+            digits = self.to_int64(self.pad_digits(text)) - ord("0")
+            place_values = types.Constant(10 ** np.arange(LABEL_DIGITS - 1, -1, -1, dtype=np.int64))
+            labels = self.sum(digits * place_values) // 10 ** (
+                LABEL_DIGITS - text.shape(dtype=types.INT64)
+            )
+        else:
+            images, labels = self.reader()
+        return images, self.to_int32(labels - self.label_offset)
+
+
+def read_file_list(data_dir, file_list):
+    """(files, labels) of a DALI file list: lines '<path relative to data_dir> <label>'."""
+    if not os.path.isfile(file_list):
+        raise DataError(
+            f"{file_list}: no such file (expected lines '<path relative to data_dir> <label>')"
+        )
+    with open(file_list) as f:
+        entries = [line.rsplit(maxsplit=1) for line in f if line.strip()]
+    if not all(len(e) == 2 and e[1].lstrip("-").isdigit() for e in entries):
+        raise DataError(f"{file_list}: expected lines '<path relative to data_dir> <label>'")
+    return [os.path.join(data_dir, path) for path, _ in entries], [int(n) for _, n in entries]
+
+
+def extra_samples(n, num_shards, batch_size, training=True):
+    """How many samples a training set of ``n`` needs so that its ``num_shards`` equal shards hold
+    whole batches."""
+    return (
+        num_shards * batch_size * math.ceil(math.ceil(n / num_shards) / batch_size) - n
+        if training
+        else 0
+    )
+
+
+def repeats(items, extra):
+    """``extra`` of ``items``, spread evenly over them, each at most once while there are enough:
+    what training readers append to their set. DALI's shards then need no padding of their own,
+    which repeats a shard's last sample to fill its last batch; DistributedSampler, likewise, pads
+    with real samples of the set."""
+    return [items[k * len(items) // extra] for k in range(extra)]
+
+
+def padded_indexes(indexes, layout, extra):
+    """Copies of DALI's index files of a set of shards with ``extra`` records repeated (see
+    ``repeats``), in a temporary folder of this process."""
+    header = 1 if layout == "wds" else 0  # "v1.2 <samples>"
+    lines = [read_bytes(index).decode().splitlines() for index in indexes]
+    for k, line in repeats(
+        [(k, line) for k, ls in enumerate(lines) for line in ls[header:]], extra
+    ):
+        lines[k].append(line)
+    folder = tempfile.mkdtemp(prefix="dali-index-")
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    paths = [os.path.join(folder, f"{k}.idx") for k in range(len(lines))]
+    for path, ls in zip(paths, lines):
+        with open(path, "w") as f:
+            f.write(
+                "".join(
+                    line + "\n" for line in ([f"v1.2 {len(ls) - 1}"] + ls[1:] if header else ls)
+                )
+            )
+    return paths
+
+
+def find_classes(data_dir):
+    """Class names sorted exactly as torchvision's ImageFolder sorts them, and their indices."""
+    if not isdir(data_dir):
+        raise DataError(
+            f"{data_dir}: no such directory (expected an ImageFolder tree: <dir>/<class>/<image>)"
+        )
+    classes = sorted(name for name, is_dir in entries(data_dir) if is_dir)
+    if not classes:
+        raise DataError(f"{data_dir}: no class folders in it (expected <dir>/<class>/<image>)")
+    return classes, {c: i for i, c in enumerate(classes)}
+
+
+def list_image_folder(data_dir, classes=None):
+    """(files, labels, classes) of an ImageFolder tree, in torchvision's order.
+
+    ``classes`` (the training split's class names) numbers the labels by that list instead of by
+    this tree's own folders: a validation split that lacks some classes keeps train's indices, and a
+    folder that is not in the list is an error.
+    """
+    found, class_to_idx = find_classes(data_dir)
+    if classes is not None:
+        class_to_idx = {c: i for i, c in enumerate(classes)}
+        for c in found:
+            if c not in class_to_idx:
+                raise DataError(
+                    f"{os.path.join(data_dir, c)}: class {c!r} is not one of the {len(classes)} "
+                    f"training classes"
+                )
+    files, labels = [], []
+    for c in found:
+        class_files = [
+            f for f in walk(os.path.join(data_dir, c)) if f.lower().endswith(IMG_EXTENSIONS)
+        ]
+        if not class_files:
+            raise DataError(
+                f"{os.path.join(data_dir, c)}: no images in this class folder "
+                f"(expected files ending in {', '.join(IMG_EXTENSIONS)})"
+            )
+        files += class_files
+        labels += [class_to_idx[c]] * len(class_files)
+    return files, labels, found if classes is None else list(classes)
+
+
+def find_layout(split_dir):
+    """What ``split_dir`` holds: "folder" (class folders), "tfrecord" or "wds" (WebDataset .tar
+    shards)."""
+    if not isdir(split_dir):
+        raise DataError(
+            f"{split_dir}: no such directory (expected class folders, TFRecord files or .tar shards)"
+        )
+    found = set()
+    for name, is_dir in entries(split_dir):
+        if is_dir:
+            found.add("folder")
+        elif TFRECORD_NAME.fullmatch(name):
+            found.add("tfrecord")
+        elif name.endswith(".tar") and not name.startswith("."):
+            found.add("wds")
+    if not found:
+        raise DataError(
+            f"{split_dir}: no class folders, TFRecord files or .tar shards in it (expected "
+            f"<dir>/<class>/<image>, <dir>/*.tfrecord or <dir>/train-00000-of-01024, or <dir>/*.tar)"
+        )
+    if len(found) > 1:
+        raise DataError(
+            f"{split_dir}: holds {' and '.join(sorted(found))} data; keep one layout in a folder"
+        )
+    return found.pop()
+
+
+def shard_files(split_dir, layout):
+    """The TFRecord files or tar shards of a split, sorted by name."""
+    match = (
+        TFRECORD_NAME.fullmatch
+        if layout == "tfrecord"
+        else lambda n: n.endswith(".tar") and n[0] != "."
+    )
+    return sorted(
+        os.path.join(split_dir, n) for n, is_dir in entries(split_dir) if not is_dir and match(n)
+    )
+
+
+def check_manifest(split_dir, shards):
+    """A ``DataError`` naming a shard that the set's manifest.json (make_shards.py writes it beside
+    the splits) lists for this split and that is not there: a copy that lost a shard would train on
+    fewer samples."""
+    split_dir = split_dir.rstrip("/") if remote(split_dir) else os.path.abspath(split_dir)
+    manifest = os.path.join(os.path.dirname(split_dir), "manifest.json")
+    try:
+        listed = json.loads(read_bytes(manifest))["splits"][os.path.basename(split_dir)]["shards"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return
+    missing = sorted(set(listed) - {os.path.basename(shard) for shard in shards})
+    if missing:
+        raise DataError(
+            f"{os.path.join(split_dir, missing[0])}: missing, but {manifest} lists it ({len(missing)} of "
+            f"{len(listed)} shards missing); copy the set again or rerun make_shards.py"
+        )
+
+
+def read_classes_txt(split_dir):
+    """The class names in ``split_dir/classes.txt`` (one a line, in index order), or None without
+    one."""
+    try:
+        text = read_bytes(os.path.join(split_dir, "classes.txt")).decode("utf-8")
+    except (FileNotFoundError, IsADirectoryError):
+        return None
+    return [line.rstrip("\r\n") for line in io.StringIO(text, newline=None) if line.strip()]
+
+
+# Our own indexer rather than DALI's tfrecord2idx / wds2idx: it also reads every label once (the
+# label range check), finds truncated shards, and records what it indexed, so that an index is never
+# trusted for a shard that changed since.
+
+
+def shard_index(shard, layout):
+    """(path of DALI's index of ``shard``, {"samples": n, "labels": [lowest, highest] stored
+    label}).
+
+    The index is built on first use, beside the shard or, when its folder is read-only, under
+    ``INDEX_CACHE``. A summary beside the index records the shard's size, modification time and a
+    digest of its first and last bytes (a copy made with ``cp -p`` or ``rsync -a`` keeps the other
+    two); an index whose shard no longer matches them (rewritten, truncated) is built again, never
+    trusted. An s3:// shard's index must be beside it already (see ``remote_shard_index``).
+    """
+    if remote(shard):
+        return remote_shard_index(shard, layout)
+    stat = os.stat(shard)
+    source, digest = {"bytes": stat.st_size, "mtime_ns": stat.st_mtime_ns}, shard_digest(shard)
+    beside = shard + ".idx"
+    cached = os.path.join(
+        INDEX_CACHE,
+        hashlib.sha1(os.path.abspath(shard).encode()).hexdigest()[:16],
+        os.path.basename(shard) + ".idx",
+    )
+    for index in (beside, cached):
+        try:
+            with open(index + ".json") as f:
+                summary = json.load(f)
+            if (summary["shard"], summary["digest"], summary["index_bytes"]) == (
+                source,
+                digest,
+                os.path.getsize(index),
+            ):
+                return index, summary
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+    index = beside if os.access(os.path.dirname(os.path.abspath(shard)), os.W_OK) else cached
+    text, labels, samples = _scan_shard(shard, layout)
+    summary = {
+        "shard": source,
+        "digest": digest,
+        "index_bytes": len(text.encode()),
+        "samples": samples,
+        "labels": labels,
+    }
+    os.makedirs(os.path.dirname(index), exist_ok=True)
+    with atomic_open(index, "w") as f:
+        f.write(text)
+    with atomic_open(index + ".json", "w") as f:  # last: the index counts only once this exists
+        json.dump(summary, f)
+    return index, summary
+
+
+def shard_digest(shard, ends=1 << 16):
+    """SHA-1 of a shard's first and last ``ends`` bytes: a rewrite with other samples changes them."""
+    if remote(shard):  # two ranged reads
+        head, size = read_head(shard, ends)
+        return hashlib.sha1(
+            head
+            + (s3_get(shard, f"bytes={max(len(head), size - ends)}-") if size > len(head) else b"")
+        ).hexdigest()
+    with open(shard, "rb") as f:
+        head = f.read(ends)
+        f.seek(max(len(head), os.fstat(f.fileno()).st_size - ends))
+        return hashlib.sha1(head + f.read()).hexdigest()
+
+
+def _scan_shard(shard, layout):
+    """(DALI's index of ``shard`` as text, [lowest, highest] stored label, number of samples)."""
+    lines, labels = [], []
+    if layout == "tfrecord":
+        for i, start, length, features, f in _tfrecord_records(shard):
+            if "image/encoded" not in features or "image/class/label" not in features:
+                raise DataError(
+                    f"{shard}: record {i} lacks the image/encoded or image/class/label feature"
+                )
+            labels.append(_feature_values(f, features["image/class/label"])[0])
+            lines.append(f"{start} {length}\n")
+    else:
+        for key, parts, tar in _tar_samples(shard):
+            images = [ext for ext in parts if ext in WDS_IMAGE_EXTENSIONS]
+            if len(images) != 1 or "cls" not in parts:
+                raise DataError(
+                    f"{shard}: sample {key} has {', '.join(sorted(parts))}; expected one image "
+                    f"({', '.join(WDS_IMAGE_EXTENSIONS)}) and a .cls label"
+                )
+            text = tar.extractfile(parts["cls"]).read()
+            if not (text.isdigit() and len(text) <= LABEL_DIGITS):
+                raise DataError(
+                    f"{shard}: sample {key}: .cls holds {text[:20]!r}; expected the class index in "
+                    f"decimal digits"
+                )
+            labels.append(int(text))
+            lines.append(
+                " ".join(f"{ext} {m.offset_data} {m.size} {m.name}" for ext, m in parts.items())
+                + "\n"
+            )
+        lines.insert(0, f"v1.2 {len(lines)}\n")
+    if not labels:
+        raise DataError(f"{shard}: holds no samples")
+    return "".join(lines), [min(labels), max(labels)], len(labels)
+
+
+def _varint(f):
+    """One protobuf varint read from ``f``."""
+    value = shift = 0
+    while True:
+        byte = f.read(1)
+        if not byte:
+            raise EOFError
+        value |= (byte[0] & 0x7F) << shift
+        if byte[0] < 0x80:
+            return value
+        shift += 7
+
+
+def _tfrecord_records(shard):
+    """(index, offset, length, {feature name: (offset, length)}, open file) of each record of a
+    TFRecord file. Values are located, not read: indexing an ImageNet shard reads its names and
+    labels, not its JPEGs."""
+    size = os.path.getsize(shard)
+    with open(shard, "rb") as f:
+        i = 0
+        while f.tell() < size:
+            start = f.tell()
+            header = f.read(
+                12
+            )  # uint64 length, uint32 masked CRC of the length, the Example, its CRC
+            end = (
+                start + 12 + (struct.unpack("<Q", header[:8])[0] if len(header) == 12 else size) + 4
+            )
+            if end > size:
+                raise DataError(
+                    f"{shard}: truncated or not a TFRecord file (record {i} at byte {start} runs past "
+                    f"the end of the file); write it again"
+                )
+            features = {}
+            try:
+                if (
+                    f.tell() < end - 4
+                ):  # Example.features: a tag and a length, then the map's entries
+                    _varint(f)
+                    _varint(f)
+                while f.tell() < end - 4:  # Features.feature, a map: entries of key = 1, value = 2
+                    _varint(f)
+                    entry_end = _varint(f) + f.tell()
+                    key = value = None
+                    while f.tell() < entry_end:
+                        field, length = _varint(f) >> 3, _varint(f)
+                        if field == 1:
+                            key = f.read(length).decode()
+                        else:
+                            value = (f.tell(), length)
+                            f.seek(length, os.SEEK_CUR)
+                    features[key] = value
+            except (EOFError, UnicodeDecodeError):
+                raise DataError(f"{shard}: record {i} is not a tf.train.Example") from None
+            yield i, start, end - start, features, f
+            f.seek(end)
+            i += 1
+
+
+def _feature_values(f, where):
+    """The values of the serialized tf.train.Feature at ``where``: bytes (bytes_list) or ints
+    (int64_list)."""
+    f.seek(where[0])
+    feature = io.BytesIO(f.read(where[1]))
+    kind = _varint(feature) >> 3  # 1 bytes_list, 2 float_list, 3 int64_list
+    values_end = _varint(feature) + feature.tell()
+    values = []
+    while feature.tell() < values_end:
+        wire_type = _varint(feature) & 7
+        if wire_type == 0:  # one unpacked int64
+            values.append(_varint(feature))
+        elif kind == 3:  # packed int64s
+            packed = io.BytesIO(feature.read(_varint(feature)))
+            while packed.tell() < len(packed.getbuffer()):
+                values.append(_varint(packed))
+        else:
+            values.append(feature.read(_varint(feature)))
+    return [
+        v - (1 << 64) if isinstance(v, int) and v >= 1 << 63 else v for v in values
+    ]  # two's complement
+
+
+def _tar_samples(shard):
+    """(key, {extension: member}, open tar) of each sample of a WebDataset tar, in file order."""
+    size = os.path.getsize(shard)
+    try:
+        with tarfile.open(shard, "r:") as tar:
+            key, parts = None, {}
+            for member in tar:  # reads the headers only
+                name = os.path.basename(member.name)
+                if not member.isfile() or name.startswith("."):
+                    continue
+                if member.offset_data + member.size > size:
+                    raise DataError(
+                        f"{shard}: truncated ({member.name} runs past the end of the file); write it again"
+                    )
+                # WebDataset's key: the path up to the first dot of the file name; the rest is the
+                # extension
+                stem, _, ext = name.partition(".")
+                if member.name[: -len(name)] + stem != key:
+                    if parts:
+                        yield key, parts, tar
+                    key, parts = member.name[: -len(name)] + stem, {}
+                parts[ext] = member
+            if parts:
+                yield key, parts, tar
+            # a tar cut between two members reads as a shorter archive; only its missing end marker
+            # tells
+            tar.fileobj.seek(tar.offset)
+            if tar.fileobj.read(1024) != bytes(1024):
+                raise DataError(
+                    f"{shard}: truncated (no end-of-archive marker after its last member); write it again"
+                )
+    except tarfile.TarError as e:
+        raise DataError(f"{shard}: not an uncompressed tar file ({e})") from None
+
+
+class _DecodeCheck(Pipeline):
+    """``op`` (DALI's header parser or its decoder, on the CPU) over batches of encoded images from
+    ``batches``."""
+
+    def __init__(self, batches, op, batch_size):
+        super().__init__(
+            batch_size, min(4, os.cpu_count() or 1), None, exec_async=False, exec_pipelined=False
+        )
+        self.source, self.op = ops.ExternalSource(source=batches, batch=True), op
+
+    def define_graph(self):
+        return self.op(self.source())
+
+
+def _samples(layout, path):
+    """(description, encoded bytes) of every image of a file or shard."""
+    if layout == "folder":
+        with open(path, "rb") as f:
+            yield path, f.read()
+    elif layout == "tfrecord":
+        for i, _, _, features, f in _tfrecord_records(path):
+            yield (
+                f"{path}: sample {i}",
+                _feature_values(f, features["image/encoded"])[0]
+                if "image/encoded" in features
+                else b"",
+            )
+    else:
+        for key, parts, tar in _tar_samples(path):
+            yield (
+                f"{path}: sample {key}",
+                next(
+                    (
+                        tar.extractfile(m).read()
+                        for ext, m in parts.items()
+                        if ext in WDS_IMAGE_EXTENSIONS
+                    ),
+                    b"",
+                ),
+            )
+
+
+def _first_failing(samples, op, batch_size=256):
+    """The description of the first of ``samples`` on which ``op`` fails, or None. DALI stops a
+    pipeline at the first failure, so a failed batch is tried again one image at a time."""
+    fed = []
+
+    def batches():
+        while chunk := list(itertools.islice(samples, batch_size)):
+            fed.append(chunk)
+            yield [np.frombuffer(data, np.uint8) for _, data in chunk]
+
+    def fails(source, size):
+        pipe = _DecodeCheck(source, op, size)
+        pipe.build()
+        try:
+            while True:
+                pipe.run()
+        except StopIteration:
+            return False
+        except RuntimeError:
+            return True
+
+    if not fails(batches(), batch_size):
+        return None
+    return next(
+        (name for name, data in fed[-1] if fails(iter([[np.frombuffer(data, np.uint8)]]), 1)), None
+    )
+
+
+def find_undecodable(pipe):
+    """The first sample of ``pipe``'s data that DALI's own CPU decoder cannot decode, or None:
+    "<file>" for an image file, "<shard>: sample <record index or key>" in a shard; meant for after
+    the pipeline failed, to name the culprit. DALI parses every image's header first (quick), and
+    decodes them in full only if all parse."""
+    for op in (ops.PeekImageShape(), ops.decoders.Image(output_type=types.RGB)):
+        culprit = _first_failing(
+            itertools.chain.from_iterable(_samples(pipe.layout, p) for p in pipe.files), op
+        )
+        if culprit is not None:
+            return culprit
+    return None
+
+
+def decoded_size(pipe, sample=256):
+    """MB that the images of ``pipe``'s shard take decoded (8-bit RGB), estimated from the headers
+    of a sample of them: what a decoder cache must hold for every epoch after the first to find them
+    all there."""
+    files = random.Random(0).sample(
+        pipe.files, min(len(pipe.files), sample if pipe.layout == "folder" else 8)
+    )
+    samples = itertools.islice(
+        itertools.chain.from_iterable(_samples(pipe.layout, f) for f in files), sample
+    )
+    pixels = [math.prod(Image.open(io.BytesIO(data)).size) for _, data in samples]
+    return (
+        3
+        * sum(pixels)
+        / max(1, len(pixels))
+        * math.ceil(pipe.num_samples / pipe.num_shards)
+        / 2**20
+    )
+
+
+def plan_decoder_cache(mode, pipes, free_mb):
+    """(MB of decoder cache for ``pipes``, or None; a line saying which and why). ``mode`` "on",
+    "off", or "auto": on when the pipelines' shares of decoded images fit in half of ``free_mb``,
+    the GPU's free memory, the rest left to the model. DALI keeps one cache per GPU for every
+    decoder of the process, so all of ``pipes`` get the same size."""
+    if mode == "off" or pipes[0].device_id is None:
+        return None, None
+    if remote(pipes[0].read.data_dir):  # the estimate reads a sample of the images from Python
+        return (
+            None,
+            f"decoder cache off ({mode}): not for data in object storage, whose images it cannot sample",
+        )
+    need = 1.1 * sum(decoded_size(p) for p in pipes)  # 1.1: room for the estimate's error
+    on = mode == "on" or need < free_mb / 2
+    return math.ceil(need) if on else None, (
+        f"decoder cache {'on' if on else 'off'} ({mode}): this process's images take about {need / 1024:.1f} GB "
+        f"decoded, and {free_mb / 1024:.1f} GB of GPU memory are free"
+    )
+
+
+@contextlib.contextmanager
+def decode_errors_named(pipe):
+    """A DALI error caused by an image of ``pipe``'s that cannot be decoded becomes a ``DataError``
+    naming it."""
+    try:
+        yield
+    except RuntimeError as e:
+        dali = (str(e).split("encountered:")[-1].strip(" :\n") or "?").splitlines()[
+            0
+        ]  # its words, after its traceback
+        if remote(
+            pipe.read.data_dir
+        ):  # searching for the culprit would read the whole set back through Python
+            changed = find_changed(pipe)
+            raise DataError(
+                f"{changed}: changed or gone since this run listed it (DALI: {dali})"
+                if changed
+                else f"{pipe.read.data_dir}: DALI failed reading this data (DALI: {dali})"
+            ) from None
+        culprit = find_undecodable(pipe)
+        if culprit is None:
+            raise
+        raise DataError(
+            f"{culprit}: cannot decode this image (DALI: {dali}); remove or replace it"
+        ) from None
+
+
+# segmentation data: .npy headers and split CSVs ---------------------------------------------------
+
+# What a segmentation set may hold: images (H, W), (H, W, 1) or (H, W, 3) of these types; masks (H,
+# W) or (H, W, 1) of integer class indices (or bool).
+IMAGE_DTYPES = ("uint8", "uint16", "float32")
+# Bytes read from the start of each .npy: numpy pads its headers to 128 bytes unless the shape is
+# long.
+NPY_PREFIX = 256
+NPY_MAGIC = b"\x93NUMPY"
+# The columns of the split CSVs that data_processing.make_csv_file_npy writes.
+CSV_HEADER = ["index", "images", "masks"]
+
+
+@functools.lru_cache(maxsize=4096)
+def _parse_npy_header(header):
+    """(shape, dtype) of a raw .npy header. A set's files mostly share one header, and parsing it (a
+    Python literal) costs more than reading it, so each distinct header is parsed once (timings in
+    results/README.md)."""
+    f = io.BytesIO(header)
+    version = np.lib.format.read_magic(f)
+    read = (
+        np.lib.format.read_array_header_1_0
+        if version == (1, 0)
+        else np.lib.format.read_array_header_2_0
+    )
+    shape, _, dtype = read(f)
+    return shape, dtype
+
+
+def _npy_shape(path):
+    """Shape and dtype from a .npy header, read without the array data; ``DataError`` when the file
+    is missing, not a .npy array, or shorter than its header says (a truncated copy)."""
+    try:
+        head, size = read_head(path, NPY_PREFIX)
+        if not head.startswith(NPY_MAGIC):
+            raise DataError(
+                f"{path}: not a .npy array (it does not start with numpy's magic string)"
+            )
+        # magic (6 bytes), version (2), header length (2 bytes in version 1, 4 after), header
+        start = 10 if head[6:7] == b"\x01" else 12
+        end = start + int.from_bytes(head[8:start], "little")
+        if end > len(head):
+            head, size = read_head(path, end)
+    except FileNotFoundError:
+        raise DataError(f"{path}: no such file") from None
+    except OSError as e:
+        raise DataError(f"{path}: cannot be read ({e.strerror})") from None
+    try:
+        shape, dtype = _parse_npy_header(head[:end])
+    except ValueError as e:
+        raise DataError(f"{path}: not a .npy array ({e})") from None
+    needed = end + math.prod(shape) * dtype.itemsize
+    if size < needed:
+        raise DataError(
+            f"{path}: truncated: {size} bytes, but its header ({shape} {dtype}) needs {needed}"
+        )
+    return shape, dtype
+
+
+def read_split(prepared_root, split):
+    """(images, masks): absolute ``.npy`` paths of ``prepared_root/csv_file/<split>.csv``."""
+    path = os.path.join(prepared_root, "csv_file", f"{split}.csv")
+    try:
+        reader = csv.reader(io.StringIO(read_bytes(path).decode("utf-8"), newline=""))
+    except (FileNotFoundError, IsADirectoryError):
+        raise DataError(
+            f"{path}: no such file (expected a split written by make_csv_file_npy)"
+        ) from None
+    imgs, lbls = [], []
+    header = next(reader, None)
+    if header != CSV_HEADER:
+        raise DataError(f"{path}: header is {header}, expected {','.join(CSV_HEADER)}")
+    for row in reader:
+        if len(row) != 3:
+            raise DataError(
+                f"{path} line {reader.line_num}: expected 3 columns ({','.join(CSV_HEADER)}), got {row}"
+            )
+        image, mask = (
+            os.path.join(prepared_root, rel)
+            if remote(prepared_root)
+            else os.path.abspath(os.path.join(prepared_root, rel))
+            for rel in row[1:]
+        )
+        for file in (image, mask):
+            if not isfile(file):
+                raise DataError(f"{path} row index {row[0]}: {file}: no such file")
+        imgs.append(image)
+        lbls.append(mask)
+    if not imgs:
+        raise DataError(
+            f"{path}: no rows after its header (expected {','.join(CSV_HEADER)} rows, one per pair)"
+        )
+    return imgs, lbls
+
+
+def first_nonfinite(paths, threads=8):
+    """The first of the float ``paths`` holding a NaN or an infinity, or None: each is read once, on
+    ``threads``."""
+    with ThreadPoolExecutor(max(1, threads or 1)) as pool:
+        finite = pool.map(lambda path: bool(np.isfinite(load_npy(path)).all()), paths)
+        return next((path for path, ok in zip(paths, finite) if not ok), None)
+
+
+def first_mask_above(lbls, limit, threads=8):
+    """(path, largest value) of the first mask in ``lbls`` that holds a value above ``limit``, or
+    None: every mask is read, on ``threads`` threads."""
+    with ThreadPoolExecutor(threads) as pool:
+        largest = pool.map(lambda path: int(load_npy(path).max()), lbls)
+        return next(((path, value) for path, value in zip(lbls, largest) if value > limit), None)
+
+
+def check_segmentation_files(imgs, lbls):
+    """Checks an image/mask ``.npy`` set before DALI reads it, from the files' headers alone.
+
+    ``imgs[i]`` pairs with ``lbls[i]`` whatever their names; a pair must agree in height x width.
+    Images are (H, W), (H, W, 1) or (H, W, 3) of uint8, uint16 or float32, masks (H, W) or (H, W, 1)
+    of an integer type or bool; all images of a set share one shape pattern and dtype, and so do all
+    masks (DALI reads a batch of one kind). Anything else raises ``DataError`` naming the file.
+    Returns ``((image_shape, image_dtype), (mask_shape, mask_dtype))`` of the first pair, which
+    stands for the set.
+    """
+    imgs, lbls = [] if imgs is None else list(imgs), [] if lbls is None else list(lbls)
+    if len(imgs) == 0:
+        raise DataError("got an empty list of images")
+    if len(imgs) != len(lbls):
+        raise DataError(f"got {len(imgs)} images but {len(lbls)} masks (first image: {imgs[0]})")
+    headers = list(overlapped(_npy_shape, imgs + lbls, remote(imgs[0])))
+    first_image, first_mask = headers[0], headers[len(imgs)]
+    for img, lbl, image, mask in zip(imgs, lbls, headers, headers[len(imgs) :]):
+        (image_shape, image_dtype), (mask_shape, mask_dtype) = image, mask
+        if (
+            len(image_shape) not in (2, 3)
+            or image_shape[2:] not in ((), (1,), (3,))
+            or 0 in image_shape
+            or image_dtype.name not in IMAGE_DTYPES
+            or not image_dtype.isnative
+        ):
+            raise DataError(
+                f"{img}: expected an image of shape (H, W), (H, W, 1) or (H, W, 3) of "
+                f"{', '.join(IMAGE_DTYPES)}, got {image_shape} {image_dtype}"
+            )
+        if (
+            len(mask_shape) not in (2, 3)
+            or mask_shape[2:] not in ((), (1,))
+            or 0 in mask_shape
+            or mask_dtype.kind not in "uib"
+            or not mask_dtype.isnative
+        ):
+            raise DataError(
+                f"{lbl}: expected a mask of shape (H, W) or (H, W, 1) of integer class indices, "
+                f"got {mask_shape} {mask_dtype}"
+            )
+        if image_shape[:2] != mask_shape[:2]:
+            raise DataError(
+                f"{lbl}: mask is {mask_shape[0]}x{mask_shape[1]} but its image {img} is "
+                f"{image_shape[0]}x{image_shape[1]} (height x width must match)"
+            )
+        for path, (shape, dtype), (first_shape, first_dtype), first_path, what in (
+            (img, image, first_image, imgs[0], "image"),
+            (lbl, mask, first_mask, lbls[0], "mask"),
+        ):
+            if shape[2:] != first_shape[2:] or dtype != first_dtype:
+                raise DataError(
+                    f"{path}: {what} of shape {shape} {dtype}, but the set's first {what} {first_path} "
+                    f"is {first_shape} {first_dtype} (all {what}s of a set share their number of "
+                    f"dimensions, channels and dtype)"
+                )
+    return first_image, first_mask

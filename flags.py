@@ -1,0 +1,215 @@
+"""The flags both trainers take, and the argparse types that check their values.
+
+Only argparse is imported here: the trainers read their flags before torch and DALI load, so that
+``--help`` and a bad flag answer at once. Each trainer adds its own flags (data, model, loss) and
+its defaults (``parser.set_defaults``) around these.
+"""
+
+import argparse
+import math
+import os
+
+
+def number(kind, allowed, ok):
+    """An argparse type: a ``kind`` value for which ``ok(value)`` holds, else 'must be <allowed>'."""
+
+    def parse(text):
+        value = kind(text)  # a ValueError is argparse's "invalid int value: 'x'"
+        if not (math.isfinite(value) and ok(value)):
+            raise argparse.ArgumentTypeError(f"must be {allowed}, got {text}")
+        return value
+
+    parse.__name__ = kind.__name__
+    return parse
+
+
+at_least_1 = number(int, "at least 1", lambda v: v >= 1)
+at_least_0 = number(int, "at least 0", lambda v: v >= 0)
+positive = number(float, "> 0", lambda v: v > 0)
+non_negative = number(float, ">= 0", lambda v: v >= 0)
+probability = number(float, "in [0, 1]", lambda v: 0 <= v <= 1)
+below_one = number(float, "in [0, 1)", lambda v: 0 <= v < 1)
+
+
+def new_parser(description):
+    parser = argparse.ArgumentParser(
+        description=description,
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        allow_abbrev=False,  # no flag is taken from a prefix: a typo is an error, not another flag
+    )
+    # A bad flag ends the run as every usage error does: one `error:` line, exit status 2.
+    parser.error = lambda message: parser.exit(2, f"error: {message}\n")
+    return parser
+
+
+def demo_help(what, defaults):
+    """--data's help: ``what``, and the defaults that --data demo changes."""
+    changed = ", ".join(f"--{k.replace('_', '-')} {v}" for k, v in defaults.items())
+    return f"{what}; or 'demo' for a built-in synthetic set (demo also changes the defaults to: {changed})"
+
+
+def add_loader_flags(group):
+    group.add_argument(
+        "-j", "--workers", type=at_least_1, default=min(8, os.cpu_count() or 1), help="DALI threads"
+    )
+    group.add_argument(
+        "--dali-device",
+        choices=["gpu", "cpu"],
+        help="where DALI runs (default: gpu if CUDA is available)",
+    )
+    group.add_argument(
+        "--loader",
+        choices=["dali", "synthetic"],
+        default="dali",
+        help="synthetic: train on one random batch already on the device (the speed ceiling; "
+        "validation still reads --data)",
+    )
+
+
+def add_model_flags(group, weights_example):
+    group.add_argument(
+        "--weights",
+        help=f"start from these weights: a torchvision weights name ({weights_example}) or a file "
+        "(a state dict or a checkpoint of this script); tensors of another shape (a head for other "
+        "classes) start anew",
+    )
+    group.add_argument(
+        "--sync-bn",
+        action="store_true",
+        help="SyncBatchNorm across processes under torchrun (CUDA only)",
+    )
+    group.add_argument(
+        "--model-ema",
+        action="store_true",
+        help="an EMA of the weights, validated and saved beside them",
+    )
+    group.add_argument(
+        "--model-ema-steps", type=at_least_1, default=32, help="steps between EMA updates"
+    )
+    group.add_argument(
+        "--model-ema-decay",
+        type=number(float, "in (0, 1)", lambda v: 0 < v < 1),
+        default=0.99998,
+        help="EMA decay for a 1024-image reference, as torchvision's",
+    )
+
+
+def add_optimisation_flags(g):
+    """The optimisation flags; ``--epochs``, ``-b``, ``--lr-scheduler`` and ``--lr-warmup-epochs``
+    get their defaults from the trainer."""
+    g.add_argument("--epochs", type=at_least_1, help="epochs to train")
+    g.add_argument("-b", "--batch-size", type=at_least_1, help="images per process (per GPU)")
+    g.add_argument("--opt", choices=["sgd", "adamw"], default="sgd", help="optimizer")
+    g.add_argument(
+        "--lr",
+        type=positive,
+        default=0.1,
+        help="lr per 256 images, scaled by global batch / 256 "
+        "(torchvision's --lr is the lr itself: pass it x 256 / global batch)",
+    )
+    g.add_argument("--momentum", type=below_one, default=0.9, help="SGD momentum")
+    g.add_argument(
+        "--wd", "--weight-decay", type=non_negative, default=1e-4, dest="wd", help="weight decay"
+    )
+    g.add_argument(
+        "--norm-weight-decay",
+        type=non_negative,
+        help="weight decay of norm layers and biases (default: --wd)",
+    )
+    g.add_argument(
+        "--clip-grad-norm",
+        type=non_negative,
+        default=0.0,
+        help="clip the gradients' total norm (0: off)",
+    )
+    g.add_argument(
+        "--lr-scheduler",
+        choices=["cosine", "step", "poly"],
+        help="decay after warm-up, stepped every iteration",
+    )
+    g.add_argument("--lr-warmup-epochs", type=non_negative, help="warm-up epochs")
+    g.add_argument(
+        "--lr-warmup-method", choices=["linear", "constant"], default="linear", help="warm-up shape"
+    )
+    g.add_argument(
+        "--lr-warmup-decay",
+        type=non_negative,
+        default=0.01,
+        help="warm-up starts at this share of the lr",
+    )
+    g.add_argument(
+        "--lr-step-size", type=at_least_1, default=30, help="step schedule: epochs between decays"
+    )
+    g.add_argument(
+        "--lr-gamma", type=non_negative, default=0.1, help="step schedule: factor per decay"
+    )
+    g.add_argument("--lr-min", type=non_negative, default=0.0, help="cosine schedule: the final lr")
+    g.add_argument(
+        "--amp",
+        nargs="?",
+        const="default",
+        choices=["bf16", "fp16", "none", "default"],
+        default="none",
+        help="mixed precision (autocast); bare --amp: torch's default for the device "
+        "(fp16 CUDA, bf16 CPU)",
+    )
+    g.add_argument("--channels-last", action="store_true", help="channels_last memory format")
+    g.add_argument("--compile", action="store_true", help="torch.compile the model")
+    g.add_argument(
+        "--seed", type=int, default=0, help="seed of model init and of every random augmentation"
+    )
+
+
+def add_output_flags(g, runs_dir):
+    g.add_argument(
+        "--output-dir",
+        help=f"the run's folder (default: a new {runs_dir}/expN, or --resume's folder)",
+    )
+    g.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace a previous run's checkpoints in --output-dir",
+    )
+    g.add_argument("--resume", default="", help="checkpoint to continue from, at its exact step")
+    g.add_argument(
+        "--checkpoint-every",
+        type=at_least_0,
+        default=0,
+        help="also save every N steps (0: per epoch)",
+    )
+    g.add_argument(
+        "--evaluate",
+        "--test-only",
+        action="store_true",
+        help="only validate the --resume model (with --model-ema, its EMA)",
+    )
+    g.add_argument(
+        "--print-freq",
+        type=at_least_1,
+        default=50,
+        help="log a line every N steps (and at least every 30 s)",
+    )
+    g.add_argument(
+        "--tensorboard",
+        action="store_true",
+        help="also write the logged scalars for TensorBoard into the run folder "
+        "(needs the tensorboard package)",
+    )
+
+
+def parse(parser, argv, demo_defaults):
+    """The flags, with --data demo's defaults where it is given, and the rules both trainers share."""
+    args = parser.parse_args(argv)
+    if args.data == "demo":
+        parser.set_defaults(**demo_defaults)
+        args = parser.parse_args(argv)
+    if args.batch_size < 2 and not args.evaluate:
+        parser.error(
+            "--batch-size must be at least 2 for training (BatchNorm needs more than one sample)"
+        )
+    if args.evaluate and not args.resume:
+        parser.error(
+            "--evaluate scores the model of --resume CHECKPOINT; pass one "
+            "(without it the weights are random)"
+        )
+    return args

@@ -1,0 +1,671 @@
+"""Tests of data_sources.py, what the pipelines read, on tiny data built in tmp_path, mostly through the pipelines
+that read it: ImageFolder labels, file lists and classes by name, TFRecord and WebDataset shards (their indexes,
+manifests, classes.txt, stored labels, truncation), the padding of training sets, undecodable images, progress
+lines, the decoder cache plan, and the DataError that bad folders and segmentation .npy files raise, naming the
+file. CPU-only DALI."""
+
+import functools
+import io
+import json
+import os
+import re
+import shutil
+import struct
+import tarfile
+from collections import Counter
+
+import numpy as np
+import pytest
+from nvidia.dali import types
+from PIL import Image
+from torchvision.datasets import ImageFolder
+
+import data_sources
+from conftest import (
+    CLASSES,
+    FORMATS,
+    PER_CLASS,
+    SEG_H,
+    SEG_N,
+    SEG_W,
+    VAL_CLASSES,
+    first_batches,
+    identities,
+    one_epoch,
+    same_batches,
+    save_pairs,
+    seg_mask,
+    seg_pipe,
+    to_shards,
+)
+from data_sources import DataError, find_layout, find_undecodable, list_image_folder, shard_files
+from make_shards import make_shards, write_tar, write_tfrecord
+from pipelines import (
+    ClassifyTrainPipeline,
+    ClassifyValPipeline,
+    SegmentTrainPipeline,
+    SegmentValPipeline,
+    classify_iterator,
+    fetch_dali_loader,
+)
+
+pytestmark = pytest.mark.usefixtures("no_dist_env")
+
+
+# ------------------------------------------------------------------------------------------
+# classification: ImageFolder labels and file lists
+# ------------------------------------------------------------------------------------------
+
+
+def test_labels_are_imagefolder_class_indices(solid_folder):
+    class_to_idx = ImageFolder(str(solid_folder)).class_to_idx
+    assert class_to_idx == {"Apple": 0, "b c": 1, "zebra": 2}
+    pipe = ClassifyTrainPipeline(4, 2, None, str(solid_folder), crop_size=24, seed=3)
+    seen, labels = one_epoch(pipe)
+    for (c, _), label in zip(seen, labels):
+        assert label == class_to_idx[CLASSES[c]]
+    assert sorted(set(labels)) == [0, 1, 2]
+
+
+def test_file_list(tmp_path, solid_folder):
+    listing = tmp_path / "list.txt"
+    listing.write_text("zebra/img0.png 5\nApple/img3.png 9\n")
+    pipe = ClassifyValPipeline(2, 1, None, str(solid_folder), crop_size=16, file_list=str(listing))
+    batch = next(iter(classify_iterator(pipe)))[0]
+    assert batch["label"].squeeze(-1).tolist() == [5, 9]
+    assert identities(batch["data"]) == [(0, 0), (1, 3)]
+
+
+# ------------------------------------------------------------------------------------------
+# classification: TFRecord and WebDataset shards, padding, labels, classes by name, undecodable images
+# ------------------------------------------------------------------------------------------
+
+
+# torchvision's indices of CLASSES, which every split is labelled by
+TRAIN_INDEX = {"Apple": 0, "b c": 1, "zebra": 2}
+
+
+def expected_pairs(split):
+    """(identity, label) of every image of a split of ``split_root``, labelled by train's classes."""
+    names, n = (CLASSES, PER_CLASS) if split == "train" else (VAL_CLASSES, 2)
+    return sorted(((CLASSES.index(name), i), TRAIN_INDEX[name]) for name in names for i in range(n))
+
+
+def epoch_pairs(pipe):
+    seen, labels = one_epoch(pipe)
+    return sorted(zip(seen, labels))
+
+
+@pytest.mark.parametrize("num_shards", [1, 2])
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_shards_give_the_folder_pairs_once_per_epoch(split_root, fmt, num_shards):
+    dst = to_shards(split_root, fmt)
+    for split in ("train", "val"):
+        shards = [
+            epoch_pairs(
+                ClassifyValPipeline(
+                    4, 1, None, str(dst / split), crop_size=16, shard_id=s, num_shards=num_shards
+                )
+            )
+            for s in range(num_shards)
+        ]
+        assert sorted(sum(shards, [])) == expected_pairs(split)
+        assert not set(shards[0]) & set(shards[-1]) or num_shards == 1
+    pipe = ClassifyTrainPipeline(
+        4, 1, None, str(dst / "train"), crop_size=16, shard_id=1, num_shards=num_shards
+    )
+    assert pipe.layout == fmt and pipe.classes == sorted(CLASSES) and pipe.num_classes == 3
+    assert pipe.num_samples == len(CLASSES) * PER_CLASS  # the whole split, every shard
+    assert pipe.files == shard_files(str(dst / "train"), fmt) and len(pipe.files) == 3
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_two_train_shards_cover_every_sample_each_epoch_as_shard_order_changes(split_root, fmt):
+    dst = to_shards(split_root, fmt)
+    # per-rank seeds, as a DDP trainer passes them; the shard order each epoch must still agree
+    loaders = [
+        classify_iterator(
+            ClassifyTrainPipeline(
+                4, 1, None, str(dst / "train"), crop_size=16, shard_id=s, num_shards=2, seed=10 + s
+            )
+        )
+        for s in range(2)
+    ]
+    orders = []
+    for _ in range(3):
+        seen = [
+            [
+                pair
+                for b in it
+                for pair in zip(identities(b[0]["data"]), b[0]["label"].squeeze(-1).tolist())
+            ]
+            for it in loaders
+        ]
+        assert [len(s) for s in seen] == [
+            12,
+            12,
+        ]  # 21 samples and 3 distinct ones repeated: 3 batches of 4 each
+        counts = Counter(seen[0] + seen[1])
+        assert (
+            sorted(counts) == expected_pairs("train")
+            and sorted(counts.values()) == [1] * 18 + [2] * 3
+        )
+        orders.append(seen[0])
+    assert orders[0] != orders[1] != orders[2]
+
+
+@pytest.mark.parametrize("fmt", ["folder", *FORMATS])
+@pytest.mark.parametrize("batch_size,repeated", [(8, 3), (16, 11), (64, 43)])
+def test_training_pads_with_distinct_samples_of_the_set(split_root, fmt, batch_size, repeated):
+    """21 samples in batches of 8, 16 or 64: 3, 11 or 43 samples more make whole batches; they are distinct real
+    samples while the set has enough (as DistributedSampler pads), never copies of one."""
+    data = split_root / "train" if fmt == "folder" else to_shards(split_root, fmt) / "train"
+    it = classify_iterator(
+        ClassifyTrainPipeline(batch_size, 1, None, str(data), crop_size=8, seed=2)
+    )
+    assert len(it) == -(-21 // batch_size)
+    for _ in range(2):
+        seen = [
+            pair
+            for b in it
+            for pair in zip(identities(b[0]["data"]), b[0]["label"].squeeze(-1).tolist())
+        ]
+        counts = Counter(seen)
+        assert len(seen) == 21 + repeated and sorted(counts) == expected_pairs("train")
+        assert max(counts.values()) - 1 == -(-repeated // 21)  # as evenly as can be
+        assert sum(n - 1 for n in counts.values()) == repeated
+
+
+class RawRead(ClassifyValPipeline):
+    """The reader's output as stored: encoded image bytes and int32 labels."""
+
+    def define_graph(self):
+        return self.read()
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_shards_hold_the_original_file_bytes(split_root, fmt):
+    dst = to_shards(split_root, fmt)
+    n = len(CLASSES) * PER_CLASS
+    pipe = RawRead(n, 1, None, str(dst / "train"))
+    pipe.build()
+    images, labels = pipe.run()
+    assert labels.dtype == types.INT32
+    got = sorted((np.array(images[k]).tobytes(), int(np.array(labels[k])[0])) for k in range(n))
+    want = sorted(
+        (p.read_bytes(), TRAIN_INDEX[p.parent.name]) for p in (split_root / "train").glob("*/*.png")
+    )
+    assert got == want
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_shard_val_images_equal_the_folder_pipelines(tmp_path, texture_folder, fmt):
+    (tmp_path / "root").mkdir()
+    texture_folder.rename(tmp_path / "root" / "train")
+    shutil.copytree(tmp_path / "root" / "train", tmp_path / "root" / "val")
+    dst = to_shards(tmp_path / "root", fmt, shard_size=5)
+
+    def outputs(folder):
+        pipe = ClassifyValPipeline(5, 1, None, str(folder), crop_size=32, resize_size=40)
+        return sorted(
+            (b[0]["data"][k].numpy().tobytes(), int(b[0]["label"][k]))
+            for b in classify_iterator(pipe)
+            for k in range(b[0]["data"].shape[0])
+        )
+
+    from_folder = outputs(tmp_path / "root" / "val")
+    assert len(from_folder) == 4 * len(CLASSES)
+    assert outputs(dst / "val") == from_folder
+
+
+def write_shard(path, fmt, samples):
+    with open(path, "wb") as f:
+        if fmt == "tfrecord":
+            write_tfrecord(f, samples)
+        else:
+            write_tar(f, samples, [f"s{k}" for k in range(len(samples))])
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_label_offset_and_out_of_range_labels(split_root, fmt, tmp_path):
+    files, labels, _ = list_image_folder(str(split_root / "train"))
+    shard = (
+        tmp_path / "offset" / ("train-00000-of-00001" if fmt == "tfrecord" else "train-000000.tar")
+    )
+    shard.parent.mkdir()
+    write_shard(
+        shard, fmt, [(f, label + 1) for f, label in zip(files, labels)]
+    )  # stored 1..3, as TF's ImageNet
+    with pytest.raises(
+        DataError, match=rf"^{shard}: stored label 3 minus label_offset 0 is outside \[0, 3\)$"
+    ):
+        ClassifyValPipeline(4, 1, None, str(shard.parent), num_classes=3)
+    with pytest.raises(
+        DataError, match=rf"^{shard}: stored label 1 minus label_offset 2 is outside \[0, 3\)$"
+    ):
+        ClassifyValPipeline(4, 1, None, str(shard.parent), num_classes=3, label_offset=2)
+    pipe = ClassifyValPipeline(
+        4, 1, None, str(shard.parent), crop_size=16, num_classes=3, label_offset=1
+    )
+    assert pipe.classes is None and pipe.num_classes == 3  # no classes.txt beside this shard
+    assert epoch_pairs(pipe) == expected_pairs("train")
+
+
+def index_files(folder):
+    return sorted(p.name for p in folder.iterdir() if ".idx" in p.name)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_missing_index_is_built_beside_the_shard(split_root, fmt):
+    dst = to_shards(split_root, fmt)
+    written = index_files(dst / "train")
+    assert len(written) == 6  # make_shards indexed its 3 shards: .idx and .idx.json each
+    for name in written:
+        (dst / "train" / name).unlink()
+    assert epoch_pairs(
+        ClassifyValPipeline(4, 1, None, str(dst / "train"), crop_size=16)
+    ) == expected_pairs("train")
+    assert index_files(dst / "train") == written
+
+
+def test_index_builds_print_progress_per_shard(split_root, monkeypatch):
+    dst = to_shards(split_root, "wds")
+    for name in index_files(dst / "train"):
+        (dst / "train" / name).unlink()
+    out = io.StringIO()
+    monkeypatch.setattr(
+        data_sources, "progress", functools.partial(data_sources.progress, every=0, out=out)
+    )
+    ClassifyValPipeline(4, 1, None, str(dst / "train"), crop_size=16)
+    lines = out.getvalue().splitlines()
+    assert [line.split(", ")[0] for line in lines[:3]] == [
+        f"{dst / 'train'}: shards indexed: {k}/3 ({100 * k / 3:.0f} %)" for k in (1, 2, 3)
+    ]
+    assert lines[3].startswith(f"{dst / 'train'}: shards indexed: 3 done in ") and len(lines) == 4
+
+
+def test_index_of_a_read_only_folder_goes_to_the_cache(split_root, tmp_path, monkeypatch):
+    dst = to_shards(split_root, "wds")
+    for name in index_files(dst / "val"):
+        (dst / "val" / name).unlink()
+    # as root every folder is writable, so stand in for a read-only mount
+    access = os.access
+    monkeypatch.setattr(
+        os, "access", lambda path, mode: path != str(dst / "val") and access(path, mode)
+    )
+    monkeypatch.setattr(data_sources, "INDEX_CACHE", str(tmp_path / "cache"))
+    assert epoch_pairs(
+        ClassifyValPipeline(4, 1, None, str(dst / "val"), crop_size=16)
+    ) == expected_pairs("val")
+    assert index_files(dst / "val") == []
+    assert sorted(p.name for p in (tmp_path / "cache").rglob("*.idx*")) == [
+        "val-000000.tar.idx",
+        "val-000000.tar.idx.json",
+    ]
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_index_of_a_rewritten_shard_is_rebuilt(split_root, fmt):
+    dst, other = to_shards(split_root, fmt, seed=0), to_shards(split_root, fmt, seed=1)
+    for shard in shard_files(str(dst / "train"), fmt):  # same names, other samples in each
+        shutil.copyfile(shard.replace(str(dst), str(other)), shard)
+    assert epoch_pairs(
+        ClassifyValPipeline(4, 1, None, str(dst / "train"), crop_size=16)
+    ) == expected_pairs("train")
+    for shard in shard_files(str(dst / "train"), fmt):
+        with open(shard + ".idx.json") as f:
+            assert json.load(f)["shard"] == {
+                "bytes": os.stat(shard).st_size,
+                "mtime_ns": os.stat(shard).st_mtime_ns,
+            }
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_index_of_a_shard_rewritten_at_the_same_size_and_time_is_rebuilt(split_root, fmt, tmp_path):
+    """cp -p and rsync -a keep a shard's modification time: a shard rewritten with the same samples in another order
+    (so of the same size) and its old time must not be read through its old index."""
+    big = 100  # one shard per split: its size does not depend on the order of its samples
+    make_shards(str(split_root), str(tmp_path / "a"), fmt, big, 0)
+    make_shards(str(split_root), str(tmp_path / "b"), fmt, big, 1)
+    (shard,) = shard_files(str(tmp_path / "a" / "train"), fmt)
+    other = shard.replace(str(tmp_path / "a"), str(tmp_path / "b"))
+    assert (
+        os.path.getsize(shard) == os.path.getsize(other)
+        and open(shard, "rb").read() != open(other, "rb").read()
+    )
+    stat = os.stat(shard)
+    shutil.copyfile(other, shard)
+    os.utime(shard, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert os.stat(shard).st_mtime_ns == stat.st_mtime_ns and os.stat(shard).st_size == stat.st_size
+    assert epoch_pairs(
+        ClassifyValPipeline(4, 1, None, str(tmp_path / "a" / "train"), crop_size=16)
+    ) == expected_pairs("train")
+    assert (
+        open(shard + ".idx").read() == open(other + ".idx").read()
+    )  # the index of what the shard now holds
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_shard_set_that_lost_a_shard_is_refused(split_root, fmt):
+    dst = to_shards(split_root, fmt)
+    lost = shard_files(str(dst / "train"), fmt)[1]
+    os.remove(lost)
+    with pytest.raises(
+        DataError,
+        match=f"^{re.escape(lost)}: missing, but {re.escape(str(dst / 'manifest.json'))} "
+        f"lists it \\(1 of 3 shards missing\\)",
+    ):
+        ClassifyTrainPipeline(4, 1, None, str(dst / "train"))
+
+
+def last_index_line(shard):
+    with open(shard + ".idx") as f:
+        return f.read().split("\n")[-2].split()
+
+
+@pytest.mark.parametrize(
+    "fmt,cut",
+    [
+        ("tfrecord", "inside the last record"),
+        ("wds", "inside the last image"),
+        ("wds", "between two members"),
+    ],
+)
+def test_truncated_shard_is_named(split_root, fmt, cut):
+    dst = to_shards(split_root, fmt)
+    shard = shard_files(str(dst / "train"), fmt)[0]
+    line = last_index_line(shard)
+    if fmt == "tfrecord":
+        size = int(line[0]) + int(line[1]) // 2
+    elif cut == "inside the last image":
+        size = int(line[1]) + int(line[2]) // 2
+    else:
+        size = (
+            int(line[5]) + 512
+        )  # just after the last member's block: a shorter but well-formed tar body
+    os.truncate(shard, size)
+    with pytest.raises(DataError, match=f"^{shard}: truncated"):
+        ClassifyValPipeline(4, 1, None, str(dst / "train"))
+
+
+def test_val_folder_labels_follow_train_classes(split_root):
+    train = ClassifyTrainPipeline(4, 1, None, str(split_root / "train"), crop_size=16)
+    val = ClassifyValPipeline(
+        4, 1, None, str(split_root / "val"), crop_size=16, classes=train.classes
+    )
+    assert val.classes == train.classes == ["Apple", "b c", "zebra"] and val.num_classes == 3
+    assert epoch_pairs(val) == expected_pairs(
+        "val"
+    )  # zebra is 2, as in train, not 1 as val alone would say
+
+
+def test_val_class_unknown_to_train_is_an_error(split_root):
+    (split_root / "val" / "okapi").mkdir()
+    Image.new("RGB", (8, 8)).save(split_root / "val" / "okapi" / "a.png")
+    with pytest.raises(
+        DataError,
+        match=f"^{split_root / 'val' / 'okapi'}: class 'okapi' is not one of the 3 "
+        f"training classes$",
+    ):
+        ClassifyValPipeline(4, 1, None, str(split_root / "val"), classes=sorted(CLASSES))
+
+
+def test_shard_classes_txt_must_match_the_training_classes(split_root):
+    dst = to_shards(split_root, "tfrecord")
+    assert ClassifyValPipeline(
+        4, 1, None, str(dst / "val"), classes=sorted(CLASSES)
+    ).classes == sorted(CLASSES)
+    with pytest.raises(
+        DataError, match=f"^{dst / 'val' / 'classes.txt'}: its 3 classes differ from the 3 training"
+    ):
+        ClassifyValPipeline(4, 1, None, str(dst / "val"), classes=["Apple", "b c", "zebras"])
+
+
+def test_find_layout(split_root, tmp_path):
+    assert find_layout(str(split_root / "train")) == "folder"
+    for name, layout in (
+        ("train-00000-of-00002", "tfrecord"),
+        ("x.tfrecord", "tfrecord"),
+        ("a.tar", "wds"),
+    ):
+        (tmp_path / name / "split").mkdir(parents=True)
+        (tmp_path / name / "split" / name).write_bytes(b"")
+        assert find_layout(str(tmp_path / name / "split")) == layout
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "train-00000-of-00002.idx").write_bytes(b"")
+    with pytest.raises(
+        DataError, match=f"^{tmp_path / 'empty'}: no class folders, TFRecord files or .tar shards"
+    ):
+        find_layout(str(tmp_path / "empty"))
+    (tmp_path / "a.tar" / "split" / "train-00000-of-00002").write_bytes(b"")
+    with pytest.raises(
+        DataError, match=f"^{tmp_path / 'a.tar' / 'split'}: holds tfrecord and wds data"
+    ):
+        find_layout(str(tmp_path / "a.tar" / "split"))
+
+
+def test_find_undecodable_names_a_zero_byte_file(solid_folder):
+    assert find_undecodable(ClassifyValPipeline(2, 1, None, str(solid_folder))) is None
+    (solid_folder / "b c" / "img3.png").write_bytes(b"")
+    found = find_undecodable(ClassifyValPipeline(2, 1, None, str(solid_folder)))
+    assert found == str(solid_folder / "b c" / "img3.png")
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_find_undecodable_names_the_sample_in_a_shard(split_root, fmt):
+    dst = to_shards(split_root, fmt)
+    assert find_undecodable(ClassifyValPipeline(2, 1, None, str(dst / "train"))) is None
+    (split_root / "train" / "b c" / "img4.png").write_bytes(b"not a png")
+    dst = to_shards(split_root, fmt, seed=1)
+    found = find_undecodable(ClassifyValPipeline(2, 1, None, str(dst / "train")))
+    shard, sample = re.fullmatch(r"(.+): sample (\S+)", found).groups()
+    assert shard in shard_files(str(dst / "train"), fmt)
+    if fmt == "wds":
+        with tarfile.open(shard) as tar:
+            assert tar.extractfile(f"{sample}.png").read() == b"not a png"
+    else:  # walk the TFRecord framing (length, CRC, data, CRC) to the named record
+        with open(shard, "rb") as f:
+            for _ in range(int(sample)):
+                f.seek(struct.unpack("<Q", f.read(8))[0] + 8, os.SEEK_CUR)
+            assert b"not a png" in f.read(8 + struct.unpack("<Q", f.read(8))[0] + 4)
+
+
+def test_find_undecodable_names_an_image_that_only_pil_reads(solid_folder, tmp_path):
+    """A GIF saved as .jpg, common in scraped sets: PIL opens it, DALI's decoder does not."""
+    bad = solid_folder / "b c" / "img2.png"
+    Image.new("RGB", (40, 40), (1, 2, 3)).save(bad, format="GIF")
+    with Image.open(bad) as image:
+        image.load()  # PIL reads it
+    assert find_undecodable(ClassifyValPipeline(2, 1, None, str(solid_folder))) == str(bad)
+    with pytest.raises(DataError, match=f"^{re.escape(str(bad))}: cannot decode this image"):
+        with data_sources.decode_errors_named(
+            pipe := ClassifyValPipeline(2, 1, None, str(solid_folder))
+        ):
+            for _ in classify_iterator(pipe):
+                pass
+
+
+# ------------------------------------------------------------------------------------------
+# progress lines and the decoder cache plan
+# ------------------------------------------------------------------------------------------
+
+
+def test_progress_prints_count_rate_and_eta_only_for_long_jobs(monkeypatch):
+    """A job done within the first interval prints nothing; a longer one prints one line per interval with its
+    count of the total, rate and ETA, and a last line with its total time."""
+    clock = iter(
+        range(0, 1000, 2)
+    )  # every reading of the clock is 2 s after the last: an item takes 2 s
+    monkeypatch.setattr(data_sources.time, "perf_counter", lambda: next(clock))
+    out = io.StringIO()
+    assert list(data_sources.progress(range(7), 7, "indexing shards", every=5, out=out)) == list(
+        range(7)
+    )
+    assert out.getvalue().splitlines() == [
+        "indexing shards: 3/7 (43 %), 0.5/s, eta 8 s",
+        "indexing shards: 6/7 (86 %), 0.5/s, eta 2 s",
+        "indexing shards: 7 done in 16 s",
+    ]
+    quiet = io.StringIO()
+    assert (
+        list(data_sources.progress(range(2), 2, "quick", every=5, out=quiet)) == [0, 1]
+        and quiet.getvalue() == ""
+    )
+
+
+def test_cpu_pipelines_ignore_the_decoder_cache(texture_folder):
+    plain, told = (
+        first_batches(
+            classify_iterator(
+                ClassifyTrainPipeline(
+                    2, 2, None, str(texture_folder), crop_size=24, seed=3, **kwargs
+                )
+            ),
+            8,
+        )
+        for kwargs in ({}, {"decoder_cache": 64})
+    )
+    assert same_batches(plain, told)
+    # however much GPU memory is said to be free (the trainer passes torch.cuda.mem_get_info's)
+    assert data_sources.plan_decoder_cache(
+        "on", [ClassifyValPipeline(2, 1, None, str(texture_folder))], 80 * 1024
+    ) == (None, None)
+
+
+# ------------------------------------------------------------------------------------------
+# bad input
+# ------------------------------------------------------------------------------------------
+
+
+def test_missing_data_dir(tmp_path):
+    with pytest.raises(DataError, match=str(tmp_path / "nope")):
+        ClassifyTrainPipeline(2, 1, None, str(tmp_path / "nope"))
+
+
+def test_no_class_folders(tmp_path):
+    (tmp_path / "flat").mkdir()
+    Image.new("RGB", (8, 8)).save(tmp_path / "flat" / "a.png")
+    with pytest.raises(DataError, match=f"{tmp_path / 'flat'}: no class folders"):
+        ClassifyValPipeline(2, 1, None, str(tmp_path / "flat"))
+
+
+def test_class_folder_without_images(tmp_path, solid_folder):
+    (solid_folder / "empty").mkdir()
+    (solid_folder / "empty" / "notes.txt").write_text("not an image")
+    with pytest.raises(DataError, match=f"{solid_folder / 'empty'}: no images"):
+        ClassifyTrainPipeline(2, 1, None, str(solid_folder))
+
+
+def test_missing_file_list(tmp_path, solid_folder):
+    with pytest.raises(DataError, match=str(tmp_path / "list.txt")):
+        ClassifyTrainPipeline(2, 1, None, str(solid_folder), file_list=str(tmp_path / "list.txt"))
+
+
+def test_image_and_mask_lists_of_different_length(seg_files):
+    imgs, lbls = seg_files
+    with pytest.raises(DataError, match=f"got {SEG_N} images but {SEG_N - 1} masks.*{imgs[0]}"):
+        fetch_dali_loader(imgs, lbls[:-1], batch_size=2, mode="train")
+
+
+def test_empty_image_list():
+    with pytest.raises(DataError, match="empty list of images"):
+        fetch_dali_loader([], [], batch_size=2, mode="eval")
+
+
+def test_no_masks(seg_files):
+    with pytest.raises(DataError, match=f"got {SEG_N} images but 0 masks"):
+        fetch_dali_loader(seg_files[0], None, batch_size=2, mode="test")
+
+
+def test_mask_size_differs_from_image(seg_files):
+    imgs, lbls = seg_files
+    np.save(lbls[4], np.zeros((SEG_H, SEG_W - 1, 1), np.uint8))
+    with pytest.raises(
+        DataError,
+        match=f"{lbls[4]}: mask is {SEG_H}x{SEG_W - 1} but its image {imgs[4]} is {SEG_H}x{SEG_W}",
+    ):
+        SegmentTrainPipeline(2, 1, None, imgs, lbls)
+
+
+def test_missing_mask_file(seg_files):
+    imgs, lbls = seg_files
+    lbls[2] = lbls[2].replace("s2", "gone/s2")
+    with pytest.raises(DataError, match=f"{lbls[2]}: no such file"):
+        SegmentValPipeline(2, 1, None, imgs, lbls)
+
+
+def test_truncated_npy(seg_files):
+    imgs, lbls = seg_files
+    with open(lbls[3], "r+b") as f:
+        f.truncate(os.path.getsize(lbls[3]) - 1)
+    with pytest.raises(
+        DataError,
+        match=rf"{lbls[3]}: truncated: 1087 bytes, but its header "
+        rf"\(\({SEG_H}, {SEG_W}, 1\) uint8\) needs 1088",
+    ):
+        SegmentValPipeline(2, 1, None, imgs, lbls)
+
+
+def test_float_images_with_nan_or_inf_are_refused(tmp_path):
+    images = [np.full((SEG_H, SEG_W), 0.5, np.float32) for _ in range(4)]
+    images[2][3, 4] = np.nan
+    imgs, lbls = save_pairs(tmp_path, images, [seg_mask(k) for k in range(4)])
+    with pytest.raises(DataError, match=f"^{re.escape(imgs[2])}: holds NaN or infinite pixels"):
+        seg_pipe(imgs, lbls, batch_size=2, mode="train")
+    images[2][3, 4] = np.inf
+    np.save(imgs[2], images[2])
+    with pytest.raises(DataError, match=f"^{re.escape(imgs[2])}: holds NaN or infinite pixels"):
+        seg_pipe(imgs, lbls, batch_size=2, mode="eval")
+
+
+def test_not_an_npy_file(seg_files):
+    imgs, lbls = seg_files
+    with open(imgs[5], "w") as f:
+        f.write("P6 40 24 255\n")
+    with pytest.raises(DataError, match=f"{imgs[5]}: not a .npy array"):
+        fetch_dali_loader(imgs, lbls, batch_size=2, mode="eval")
+
+
+@pytest.mark.parametrize(
+    "what,array,found",
+    [
+        ("image", np.zeros((SEG_H, SEG_W, 4), np.uint8), rf"\({SEG_H}, {SEG_W}, 4\) uint8"),
+        ("image", np.zeros((SEG_H, SEG_W, 3), np.float64), rf"\({SEG_H}, {SEG_W}, 3\) float64"),
+        ("image", np.zeros((SEG_H, SEG_W, 3), ">u2"), rf"\({SEG_H}, {SEG_W}, 3\) >u2"),
+        ("image", np.zeros((1, SEG_H, SEG_W, 3), np.uint8), rf"\(1, {SEG_H}, {SEG_W}, 3\) uint8"),
+        ("mask", np.zeros((SEG_H, SEG_W, 2), np.uint8), rf"\({SEG_H}, {SEG_W}, 2\) uint8"),
+        ("mask", np.zeros((SEG_H, SEG_W), np.float32), rf"\({SEG_H}, {SEG_W}\) float32"),
+    ],
+)
+def test_wrong_shape_or_dtype_names_the_file(seg_files, what, array, found):
+    imgs, lbls = seg_files
+    path = (imgs if what == "image" else lbls)[6]
+    np.save(path, array)
+    expected = (
+        "an image of shape (H, W), (H, W, 1) or (H, W, 3) of uint8, uint16, float32"
+        if what == "image"
+        else "a mask of shape (H, W) or (H, W, 1) of integer class indices"
+    )
+    with pytest.raises(DataError, match=f"{path}: expected {re.escape(expected)}, got {found}$"):
+        fetch_dali_loader(imgs, lbls, batch_size=2, mode="train")
+
+
+@pytest.mark.parametrize(
+    "what,array",
+    [
+        ("image", np.zeros((SEG_H, SEG_W, 3), np.uint16)),
+        ("image", np.zeros((SEG_H, SEG_W), np.uint8)),
+        ("mask", np.zeros((SEG_H, SEG_W), np.uint8)),
+        ("mask", np.zeros((SEG_H, SEG_W, 1), np.int64)),
+    ],
+)
+def test_a_set_shares_one_kind_of_image_and_of_mask(seg_files, what, array):
+    imgs, lbls = seg_files
+    paths = imgs if what == "image" else lbls
+    np.save(paths[7], array)
+    first = f"{SEG_H}, {SEG_W}, 3\\) uint8" if what == "image" else f"{SEG_H}, {SEG_W}, 1\\) uint8"
+    with pytest.raises(
+        DataError,
+        match=f"{paths[7]}: {what} of shape .* but the set's first {what} {paths[0]} is \\({first}",
+    ):
+        fetch_dali_loader(imgs, lbls, batch_size=2, mode="eval")

@@ -1,0 +1,793 @@
+"""What a training run needs around its loop, written once for train_classify.py and
+train_segment.py.
+
+    processes and devices   setup_distributed, autocast, all_reduce_sum, sync_buffers
+    model and optimizer     prepare_model (DDP, EMA, optimizer, schedule, scaler), load_weights
+    run folder and log      open_run: the run's folder, locked; its log (stdout, metrics.jsonl, TensorBoard)
+    checkpoints             Checkpoints (atomic save), load_checkpoint, check_resumable, resume
+    the loop's bookkeeping  StepLog: data wait, NaN tracking, the windowed all-reduce, the ETA, saves
+    stopping and exiting    StopSignals (SIGTERM, SIGINT, SIGUSR1), run_main
+
+What happens on SIGTERM reads here alone: StopSignals catches it; every process agrees on the step
+to stop at (StepLog.after_step); that step's checkpoint is saved (Checkpoints.save); the process
+exits with 128 + the signal (StopSignals.exit).
+"""
+
+import contextlib
+import datetime
+import fcntl
+import json
+import math
+import os
+import shutil
+import signal
+import sys
+import time
+import traceback
+from types import SimpleNamespace
+
+import torch
+import torch.distributed as dist
+import torchvision
+
+from data_sources import DataError, atomic_open
+
+# Seconds after which a log line is due whatever --print-freq says, so a slow run still shows life.
+LOG_EVERY = 30.0
+
+
+class UsageError(Exception):
+    """A flag, file or condition the run cannot go on with: one `error:` line, exit status 2."""
+
+
+# ------------------------------------------------------------------------------------------
+# processes and devices
+# ------------------------------------------------------------------------------------------
+
+
+def setup_distributed(args):
+    """torchrun's process group (NCCL on GPUs, gloo on CPUs); this process's place in it, its
+    device.
+
+    Returns ``world``: ``rank``, ``local_rank``, ``size``, ``distributed`` (under torchrun),
+    ``main`` (the one process that writes logs and checkpoints) and ``device``."""
+    env = {
+        k: int(os.environ.get(k, d)) for k, d in (("RANK", 0), ("LOCAL_RANK", 0), ("WORLD_SIZE", 1))
+    }
+    cuda = torch.cuda.is_available()
+    world = SimpleNamespace(
+        rank=env["RANK"],
+        local_rank=env["LOCAL_RANK"],
+        size=env["WORLD_SIZE"],
+        distributed="RANK" in os.environ,
+        main=env["RANK"] == 0,
+        device=torch.device("cuda", env["LOCAL_RANK"]) if cuda else torch.device("cpu"),
+    )
+    if cuda:
+        if world.local_rank >= torch.cuda.device_count():
+            raise UsageError(
+                f"LOCAL_RANK {world.local_rank}: this machine shows {torch.cuda.device_count()} "
+                f"CUDA device(s) and each process needs one; start at most that many (torchrun "
+                f"--nproc_per_node), or hide them (CUDA_VISIBLE_DEVICES=) to train on the CPU"
+            )
+        torch.cuda.set_device(world.device)
+        torch.backends.cudnn.benchmark = (
+            True  # fixed input sizes: cuDNN picks its fastest kernels once
+        )
+        # Training kernels get the higher stream priority, so DALI's kernels, on DALI's own
+        # streams, fill the gaps.
+        torch.cuda.set_stream(torch.cuda.Stream(world.device, priority=-1))
+    if args.amp == "default":  # bare --amp: torch's default for the device
+        args.amp = "fp16" if cuda else "bf16"
+    args.dali_device = args.dali_device or ("gpu" if cuda else "cpu")
+    if args.dali_device == "gpu" and not cuda:
+        raise UsageError("--dali-device gpu: no CUDA device is visible; use --dali-device cpu")
+    if args.sync_bn and not cuda and not args.evaluate:
+        raise UsageError("--sync-bn: SyncBatchNorm trains on CUDA devices only")
+    if world.distributed:
+        backend = "nccl" if cuda else "gloo"
+        dist.init_process_group(backend, device_id=world.device if cuda else None)
+    return world
+
+
+def autocast(args, device):
+    dtype = torch.bfloat16 if args.amp == "bf16" else torch.float16
+    return torch.autocast(device.type, dtype=dtype, enabled=args.amp != "none")
+
+
+def all_reduce_sum(values, device):
+    """Sum floats over all processes (a host-device sync point: call it rarely)."""
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    if dist.is_initialized():
+        dist.all_reduce(t)
+    return t.tolist()
+
+
+def sync_buffers(*models):
+    """Rank 0's buffers (BatchNorm statistics) to every process: DDP copies them only as a forward
+    pass starts, and validation should score one model everywhere."""
+    if dist.is_initialized():
+        for model in models:
+            for buffer in model.buffers() if model is not None else ():
+                dist.broadcast(buffer, 0)
+
+
+def check_finite(finite, epoch, step, what):
+    """A run whose loss or weights are not finite ends here, before a checkpoint can save the
+    damage."""
+    if not finite:
+        raise UsageError(
+            f"epoch {epoch} step {step}: the {what} went NaN or infinite; stopped there, the "
+            f"checkpoints kept (usual causes: too high an --lr, or bad input such as NaN or "
+            f"infinite pixels)"
+        )
+
+
+def alongside(items, extra):
+    """``items``, passed through, taking one item of ``extra`` after each, and the rest of it after
+    the last: work done beside a loop, a step at a time, that the loop's first item does not wait
+    for."""
+    extra = iter(extra)
+    for item in items:
+        yield item
+        next(extra, None)
+    for _ in extra:
+        pass
+
+
+# ------------------------------------------------------------------------------------------
+# model, optimizer, schedule
+# ------------------------------------------------------------------------------------------
+
+NORM_LAYERS = (
+    torch.nn.modules.batchnorm._BatchNorm,
+    torch.nn.GroupNorm,
+    torch.nn.LayerNorm,
+    torch.nn.modules.instancenorm._InstanceNorm,
+    torch.nn.LocalResponseNorm,
+)
+
+
+def make_optimizer(model, args, lr):
+    """SGD (momentum) or AdamW; with --norm-weight-decay, normalization layers and biases get their
+    own decay."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    if args.norm_weight_decay is not None:
+        norm = [
+            p for m in model.modules() if isinstance(m, NORM_LAYERS) for p in m.parameters(False)
+        ]
+        norm += [p for name, p in model.named_parameters() if name.endswith(".bias")]
+        norm_ids = {id(p) for p in norm}
+        params = [
+            {"params": [p for p in params if id(p) not in norm_ids], "weight_decay": args.wd},
+            {
+                "params": [p for p in params if id(p) in norm_ids],
+                "weight_decay": args.norm_weight_decay,
+            },
+        ]
+    if args.opt == "sgd":
+        return torch.optim.SGD(params, lr=lr, momentum=args.momentum, weight_decay=args.wd)
+    return torch.optim.AdamW(params, lr=lr, weight_decay=args.wd)
+
+
+def make_scheduler(optimizer, args, steps_per_epoch):
+    """The lr of every step, torch's schedulers composed as torchvision's reference composes them:
+    warm-up over --lr-warmup-epochs from --lr-warmup-decay x lr (a linear ramp or constant), then
+    cosine to --lr-min, step (x --lr-gamma every --lr-step-size epochs), or poly ((1 - t/T) ** 0.9).
+    """
+    sched = torch.optim.lr_scheduler
+    warmup = int(args.lr_warmup_epochs * steps_per_epoch)
+    length = max(1, args.epochs * steps_per_epoch - warmup)
+    if args.lr_scheduler == "cosine":
+        main = sched.CosineAnnealingLR(optimizer, T_max=length, eta_min=args.lr_min)
+    elif args.lr_scheduler == "step":
+        main = sched.StepLR(optimizer, args.lr_step_size * steps_per_epoch, gamma=args.lr_gamma)
+    else:
+        main = sched.PolynomialLR(optimizer, total_iters=length, power=0.9)
+    if warmup == 0:
+        return main
+    if args.lr_warmup_method == "linear":
+        ramp = sched.LinearLR(optimizer, start_factor=args.lr_warmup_decay, total_iters=warmup)
+    else:
+        ramp = sched.ConstantLR(optimizer, factor=args.lr_warmup_decay, total_iters=warmup)
+    return sched.SequentialLR(optimizer, [ramp, main], milestones=[warmup])
+
+
+def prepare_model(model, args, world, steps_per_epoch, log):
+    """``model`` made ready to train (moved to the device, wrapped for DDP, compiled), and
+    ``state``, what a checkpoint holds of the run: "model" (the plain model, what is saved),
+    "model_ema" (or None), "optimizer", "scheduler" and "scaler"."""
+    if args.weights and not args.resume:  # --resume loads its own weights
+        log({"type": "weights", "weights": args.weights}, load_weights(model, args))
+    if args.sync_bn and world.distributed:
+        model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)  # batch statistics of all GPUs
+    memory_format = torch.channels_last if args.channels_last else torch.preserve_format
+    model = model.to(world.device, memory_format=memory_format)
+    model_without_ddp, model_ema = model, None  # the plain model's forward needs no collective
+    if world.distributed:
+        device_ids = [world.local_rank] if world.device.type == "cuda" else None
+        model = torch.nn.parallel.DistributedDataParallel(model, device_ids=device_ids)
+    if args.model_ema:
+        # torchvision's recipe: the decay is set for a reference of 1024 images per EMA update.
+        images_per_update = world.size * args.batch_size * args.model_ema_steps
+        alpha = min(1.0, (1.0 - args.model_ema_decay) * images_per_update / args.epochs)
+        model_ema = torch.optim.swa_utils.AveragedModel(
+            model_without_ddp,
+            device=world.device,
+            use_buffers=True,
+            multi_avg_fn=torch.optim.swa_utils.get_ema_multi_avg_fn(1.0 - alpha),
+        )
+    lr = args.lr * args.batch_size * world.size / 256  # --lr is for a global batch of 256
+    if args.lr_scheduler == "cosine" and args.lr_min > lr:
+        raise UsageError(
+            f"--lr-min {args.lr_min} is above the learning rate, {lr:.6g} (--lr x global batch / "
+            f"256): the cosine schedule would climb"
+        )
+    optimizer = make_optimizer(model_without_ddp, args, lr)
+    # fp16 gradients underflow without loss scaling; bf16 has fp32's range and needs none.
+    scaler = torch.amp.GradScaler(world.device.type, enabled=args.amp == "fp16")
+    log(
+        {"type": "config", "args": vars(args)},
+        f"{args.arch}: world size {world.size}, batch {args.batch_size} per process, global batch "
+        f"{args.batch_size * world.size}, {steps_per_epoch} steps per epoch, lr {lr:.5f} (--lr "
+        f"{args.lr} x global batch / 256), {args.opt}, {args.lr_scheduler} schedule, model on "
+        f"{world.device}, DALI on {args.dali_device}",
+    )
+    state = {
+        "model": model_without_ddp,
+        "model_ema": model_ema,
+        "optimizer": optimizer,
+        "scheduler": make_scheduler(optimizer, args, steps_per_epoch),
+        "scaler": scaler,
+    }
+    model = torch.compile(model) if args.compile else model
+    return model, state
+
+
+def load_weights(model, args):
+    """--weights: a torchvision weights name or a file (a state dict or one of our checkpoints) into
+    ``model``; tensors of another shape than the model's (a head for other classes) keep their fresh
+    initialization."""
+    name = args.weights
+    try:
+        if os.path.isfile(name):
+            state = torch.load(name, map_location="cpu", weights_only=True)
+        else:
+            state = torchvision.models.get_weight(name).get_state_dict(progress=False)
+    except Exception as e:
+        why = (str(e).strip() or type(e).__name__).splitlines()[-1][:200]
+        raise UsageError(
+            f"--weights {name}: neither a weights file nor a torchvision weights name such as "
+            f"ResNet50_Weights.IMAGENET1K_V2 ({why})"
+        ) from None
+    state, own = state.get("model", state), model.state_dict()  # a checkpoint's model, or itself
+    if not state.keys() & own.keys():  # torchvision's keys for a model inside a wrapper
+        state = {f"model.{k}": v for k, v in state.items()}
+    fits = {k: v for k, v in state.items() if k in own and v.shape == own[k].shape}
+    if not fits:
+        raise UsageError(
+            f"--weights {name}: none of its tensors fits the model of --arch {args.arch}"
+        )
+    model.load_state_dict(fits, strict=False)
+    return (
+        f"--weights {name}: {len(fits)} of the model's {len(own)} tensors loaded, the others newly "
+        f"initialized"
+    )
+
+
+# ------------------------------------------------------------------------------------------
+# run folder and log
+# ------------------------------------------------------------------------------------------
+
+# Run folders this process made and has not trained in yet: a start that fails removes them.
+_unstarted = []
+
+
+class RunLog:
+    """A run's log: ``log(record, line)`` prints the line and appends the record, with its "time"
+    (seconds since the Unix epoch), to the run folder's metrics.jsonl, and with --tensorboard its
+    numbers to TensorBoard. Only the main process writes. ``dir`` is the run folder, or None."""
+
+    def __init__(self, run_dir, world, tensorboard):
+        self.dir, self.main, self.started = run_dir, world.main, time.time()
+        self.writer = tensorboard_writer(run_dir) if tensorboard and run_dir else None
+
+    def __call__(self, record, line):
+        if not self.main:
+            return
+        print(line, flush=True)
+        record = {**record, "time": time.time()}
+        if self.dir:
+            with open(os.path.join(self.dir, "metrics.jsonl"), "a") as f:
+                f.write(json.dumps(record) + "\n")
+        if self.writer and "global_step" in record:
+            for key, value in record.items():  # type/name: train/loss, epoch/val_top1, ...
+                if isinstance(value, float) and key != "time":
+                    name, step = f"{record['type']}/{key}", record["global_step"]
+                    self.writer.add_scalar(name, value, step, record["time"])
+
+    def training_started(self):
+        """From here on a failure leaves the run folder in place: it holds what the run did."""
+        if self.dir in _unstarted:
+            _unstarted.remove(self.dir)
+
+    def epoch_end(self, epoch, steps, train_loss, metrics, line, took):
+        """The epoch's line and record: its validation ``metrics`` (``line`` says them), its train
+        loss and time."""
+        record = {"type": "epoch", "epoch": epoch, "train_loss": train_loss, **metrics}
+        record.update(epoch_time=took, step=steps, global_step=epoch * steps)
+        self(record, f"Epoch {epoch}: val {line}  train loss {train_loss:.4f}  time {took:.1f}s")
+
+    def close(self, best_name, best):
+        """The run's last line: its best score, where its checkpoints are, its time."""
+        took = datetime.timedelta(seconds=round(time.time() - self.started))
+        where = f"checkpoints in {self.dir}" if self.dir else "no run folder"
+        self(
+            {"type": "end", best_name: best},
+            f"done in {took}: best {best_name} {best:.3f}, {where}",
+        )
+
+
+def open_run(args, world, ckpt, runs_dir):
+    """The run's log, in its folder: --output-dir, --resume's folder, or a new ``runs_dir``/expN,
+    made and locked by the main process (none when only evaluating without --output-dir)."""
+    out = None
+    if world.main and (args.output_dir or not args.evaluate):
+        out = args.output_dir or (
+            os.path.dirname(os.path.abspath(args.resume)) if args.resume else None
+        )
+        if out is None:
+            out = new_run_dir(runs_dir)
+        elif not os.path.exists(out):
+            _unstarted.append(out)
+        lock_run_dir(out, args, ckpt)
+    return RunLog(out, world, args.tensorboard)
+
+
+def new_run_dir(runs_dir):
+    """A new folder ``runs_dir``/expN, N one above the highest there."""
+    os.makedirs(runs_dir, exist_ok=True)
+    taken = [int(d[3:]) for d in os.listdir(runs_dir) if d[:3] == "exp" and d[3:].isdigit()]
+    n = 1 + max(taken, default=0)
+    while True:  # mkdir is atomic: two runs starting at once get two folders
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(os.path.join(runs_dir, f"exp{n}"))
+            _unstarted.append(os.path.join(runs_dir, f"exp{n}"))
+            return os.path.join(runs_dir, f"exp{n}")
+        n += 1
+
+
+def tensorboard_writer(out):
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        raise UsageError(
+            "--tensorboard: needs the tensorboard package (pip install tensorboard)"
+        ) from None
+    return SummaryWriter(out, flush_secs=10)
+
+
+def lock_run_dir(out, args, ckpt):
+    """Refused: a folder another run writes to, or, without --overwrite, one holding another run's
+    checkpoint. metrics.jsonl keeps each record once: a resumed run's from its checkpoint's step on,
+    a new run's alone."""
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise UsageError(f"--output-dir {out}: is a file, not a folder")
+    try:
+        os.makedirs(out, exist_ok=True)
+        lock = os.open(os.path.join(out, ".lock"), os.O_WRONLY | os.O_CREAT, 0o644)
+        # Held while the process lives: the OS releases it however the process ends.
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise UsageError(
+            f"--output-dir {out}: another run is writing to it ({os.path.join(out, '.lock')} is "
+            f"locked); wait for it or pick another --output-dir"
+        ) from None
+    except OSError as e:
+        raise UsageError(f"--output-dir {out}: cannot write there ({e.strerror})") from None
+    continuing = args.resume and os.path.dirname(os.path.abspath(args.resume)) == os.path.abspath(
+        out
+    )
+    previous = [f for f in ("checkpoint.pth", "best.pth") if os.path.exists(os.path.join(out, f))]
+    if previous and not args.evaluate and not continuing and not args.overwrite:
+        raise UsageError(
+            f"--output-dir {out}: holds a previous run's {previous[0]}; pass --resume "
+            f"{os.path.join(out, previous[0])} to continue it or --overwrite to replace it"
+        )
+    metrics = os.path.join(out, "metrics.jsonl")
+    if continuing and not args.evaluate and os.path.exists(metrics):
+        # the steps after the checkpoint run again: their records go
+        with open(metrics) as f:
+            last = ckpt.get("global_step", math.inf)
+            kept = [r for r in f if json.loads(r).get("global_step", 0) <= last]
+        with atomic_open(metrics, "w") as f:
+            f.writelines(kept)
+    elif not continuing and (args.overwrite or not previous) and os.path.exists(metrics):
+        os.remove(metrics)  # a run without checkpoints
+    for name in os.listdir(out):  # what a killed save left; the lock says no other run saves here
+        if ".pth.tmp-" in name or name.endswith(".partial"):
+            os.remove(os.path.join(out, name))
+
+
+# ------------------------------------------------------------------------------------------
+# checkpoints
+# ------------------------------------------------------------------------------------------
+
+
+class Checkpoints:
+    """checkpoint.pth (every epoch, every --checkpoint-every steps, at a stop signal) and best.pth
+    of a run: ``state``'s state dicts, the position, the arguments, the classes, and every
+    process's DALI, random and loss state, for an exact resume. ``extra`` goes in as it is."""
+
+    def __init__(self, run, state, loaders, args, world, best=-math.inf, **extra):
+        self.run, self.state, self.loaders, self.args, self.world = run, state, loaders, args, world
+        self.best, self.extra = best, extra
+
+    def save(self, epoch, step, loss_sum=0.0, score=None):
+        """Saves; ``score``, the epoch's validation score, also makes best.pth when it is the best
+        so far. Every process calls it; the main one writes and returns the checkpoint's path."""
+        mine = (self.loaders.train_loader.checkpoints()[0], torch.get_rng_state(), loss_sum)
+        states = [mine]
+        if dist.is_initialized():
+            states = [None] * self.world.size if self.world.main else None
+            dist.gather_object(mine, states, dst=0)
+        is_best = score is not None and score > self.best
+        self.best = max(self.best, score) if score is not None else self.best
+        if not self.world.main:
+            return None
+        ckpt = self.contents(epoch, step, states)
+        for name in ("checkpoint.pth", "best.pth") if is_best else ("checkpoint.pth",):
+            write_checkpoint(ckpt, os.path.join(self.run.dir, name))
+        if step < self.loaders.steps:
+            self.run(
+                {
+                    "type": "checkpoint",
+                    "epoch": epoch,
+                    "step": step,
+                    "global_step": ckpt["global_step"],
+                },
+                f"saved checkpoint.pth at epoch {epoch} step {step}",
+            )
+        return os.path.join(self.run.dir, "checkpoint.pth")
+
+    def contents(self, epoch, step, states):
+        dali, rng, loss_sums = (list(s) for s in zip(*states))
+        ckpt = {
+            name: obj.state_dict() if obj is not None else None for name, obj in self.state.items()
+        }
+        weights = [v for v in ckpt["model"].values() if v.is_floating_point()]
+        check_finite(all(torch.isfinite(v).all() for v in weights), epoch, step, "weights")
+        ckpt.update(
+            epoch=epoch,
+            step=step,
+            global_step=(epoch - 1) * self.loaders.steps + step,
+            loss_sum=loss_sums,
+            args=vars(self.args),
+            best=self.best,
+            classes=self.loaders.classes,
+            rng=rng,
+            num_samples=self.loaders.num_samples,
+            world_size=self.world.size,
+            dali=dali if self.args.loader == "dali" else None,
+            **self.extra,
+        )
+        return ckpt
+
+
+def write_checkpoint(ckpt, path):
+    """A temporary file, then a rename: the previous file stays whole if saving fails or is killed."""
+    tmp = f"{path}.tmp-{os.getpid()}"
+    try:
+        torch.save(ckpt, tmp)
+        os.replace(tmp, path)
+    except (OSError, RuntimeError) as e:  # torch reports a full disk as a RuntimeError
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        why = (
+            e.strerror if isinstance(e, OSError) and e.strerror else str(e).strip().splitlines()[-1]
+        )
+        raise UsageError(
+            f"{path}: could not save the checkpoint ({why}); the previous one is kept"
+        ) from None
+
+
+def load_checkpoint(path):
+    if not os.path.isfile(path):
+        raise UsageError(f"--resume {path}: no such checkpoint file")
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:
+        why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise UsageError(f"--resume {path}: not a readable checkpoint ({why[:200]})") from None
+    if (
+        not isinstance(ckpt, dict)
+        or not {"model", "args", "epoch", "step", "classes"} <= ckpt.keys()
+    ):
+        script = os.path.basename(sys.argv[0])
+        raise UsageError(f"--resume {path}: not a checkpoint written by {script}")
+    return ckpt
+
+
+def check_resumable(ckpt, args, classes, num_samples, world_size):
+    """One line on the first way the checkpoint does not fit this run's model, data or layout."""
+    where, saved = f"--resume {args.resume}", ckpt["args"]
+    if saved["arch"] != args.arch:
+        raise UsageError(f"{where}: a checkpoint of --arch {saved['arch']}, not --arch {args.arch}")
+    if (theirs := ckpt["classes"]) != classes:
+        k = next((i for i, (x, y) in enumerate(zip(theirs, classes)) if x != y), None)
+        if k is None:
+            differs = f"{len(theirs)} classes there, {len(classes)} in --data"
+        else:
+            differs = f"class {k} is {theirs[k]!r} there and {classes[k]!r} in --data"
+        raise UsageError(f"{where}: trained on other classes ({differs})")
+    then = (ckpt["world_size"], saved["batch_size"], ckpt["num_samples"])
+    if not args.evaluate and then != (world_size, args.batch_size, num_samples):
+        raise UsageError(
+            f"{where}: taken with {then[0]} process(es) x batch {then[1]} on {then[2]} training "
+            f"samples, this run has {world_size} x {args.batch_size} on {num_samples}; resume with "
+            f"the same, so the remaining steps and samples are the same"
+        )
+
+
+def resume(ckpt, args, world, state, steps, log):
+    """(first epoch, steps of it done, best score, this process's loss sum over them); ``state``
+    loaded from ``ckpt``."""
+    if not ckpt:
+        return 1, 0, -math.inf, 0.0
+    if state["model_ema"] is not None and ckpt.get("model_ema") is None:
+        raise UsageError(
+            f"--resume {args.resume}: holds no EMA weights (its run had no --model-ema)"
+        )
+    for name in ("model", "model_ema") if args.evaluate else state:
+        try:
+            if state[name] is not None:
+                state[name].load_state_dict(ckpt[name])
+        except RuntimeError as e:
+            raise UsageError(
+                f"--resume {args.resume}: its weights do not fit this model "
+                f"({str(e).splitlines()[1].strip()})"
+            ) from None
+    if args.evaluate:
+        return 1, 0, -math.inf, 0.0
+    torch.set_rng_state(ckpt["rng"][world.rank])  # mixup and cutmix draw from it
+    if ckpt["step"] == steps:
+        start_epoch, first_step = ckpt["epoch"] + 1, 0
+    else:
+        start_epoch, first_step = ckpt["epoch"], ckpt["step"]
+    log(
+        {"type": "resume", "epoch": start_epoch, "step": first_step},
+        f"resumed from {args.resume}: epoch {start_epoch}, after step {first_step} of {steps}",
+    )
+    loss_sum = ckpt.get("loss_sum", [0.0] * world.size)[world.rank] if first_step else 0.0
+    return start_epoch, first_step, ckpt["best"], loss_sum
+
+
+# ------------------------------------------------------------------------------------------
+# the loop's bookkeeping
+# ------------------------------------------------------------------------------------------
+
+
+class DataWait:
+    """Seconds the loop waited for its batches. On the CPU, the time blocked in next(). On a GPU,
+    where the CPU runs ahead, two CUDA events per step time the gap between one step's end and the
+    next one's start; they are read at the logging sync point."""
+
+    def __init__(self, device):
+        self.cuda, self.step_end, self.cpu, self.gaps = device.type == "cuda", None, 0.0, []
+        self.fetch_start = time.perf_counter()
+
+    def batch_arrived(self):
+        if not self.cuda:
+            self.cpu += time.perf_counter() - self.fetch_start
+        elif self.step_end is not None:
+            start = torch.cuda.Event(enable_timing=True)
+            start.record()
+            self.gaps.append((self.step_end, start))
+
+    def step_done(self):
+        if self.cuda:
+            self.step_end = torch.cuda.Event(enable_timing=True)
+            self.step_end.record()
+
+    def fetching(self):
+        self.fetch_start = time.perf_counter()
+
+    def seconds(self):
+        """The window's wait, since the last call; after a sync point, when its events have
+        happened."""
+        wait = sum(a.elapsed_time(b) for a, b in self.gaps) / 1000 if self.gaps else self.cpu
+        self.cpu, self.gaps = 0.0, []
+        return wait
+
+
+class StepLog:
+    """Everything the training loop does besides the step, so that the loop reads as the step:
+
+        for step, (images, targets) in step_log.epoch(batches, epoch, first_step, loss_sum):
+            ...  # forward, backward, optimizer step
+            step_log.update(loss, len(targets))
+        return step_log.epoch_loss()
+
+    A line every --print-freq steps, and at least every LOG_EVERY seconds, gives the window's loss
+    (all processes), lr, img/s, data wait and the ETA of the whole run; those lines are the only
+    sync points. A non-finite loss ends the run there. Every --checkpoint-every steps, and at a stop
+    signal, ``checkpoints`` saves the step; after a stop signal's save the process exits."""
+
+    def __init__(self, args, world, log, checkpoints, stop, steps, optimizer):
+        self.args, self.world, self.log, self.checkpoints, self.stop = (
+            args,
+            world,
+            log,
+            checkpoints,
+            stop,
+        )
+        self.steps, self.optimizer = steps, optimizer
+        self.clock, self.done = None, 0  # the first step's time and the steps since, for the ETA
+
+    def epoch(self, batches, epoch, first_step=0, loss_sum=0.0):
+        """(step, batch) of steps ``first_step + 1 .. steps``; ``loss_sum``: this process's sum over
+        the steps before ``first_step``."""
+        device = self.world.device
+        self.epoch_no, self.last_line = epoch, time.perf_counter()
+        self.loss_sum = torch.full((), loss_sum, device=device)
+        self.first_bad = torch.zeros((), dtype=torch.long, device=device)
+        self.window_loss, self.window_images, self.window_steps = (
+            torch.zeros((), device=device),
+            0,
+            0,
+        )
+        self.wait, self.window_start = DataWait(device), time.perf_counter()
+        for self.step, batch in enumerate(batches, first_step + 1):
+            self.wait.batch_arrived()
+            yield self.step, batch
+            self.wait.step_done()
+            self.after_step(self.step)
+            self.wait.fetching()
+
+    def update(self, loss, images):
+        """The step's loss and batch size, kept on the device: no sync."""
+        loss = loss.detach()
+        self.loss_sum, self.window_loss = self.loss_sum + loss, self.window_loss + loss
+        bad = (self.first_bad == 0) & ~torch.isfinite(loss)
+        self.first_bad = torch.where(bad, self.step, self.first_bad)
+        self.window_images, self.window_steps = self.window_images + images, self.window_steps + 1
+
+    def after_step(self, step):
+        if self.clock is None:
+            self.clock = time.perf_counter()
+            self.log.training_started()
+        self.done += 1
+        overdue = time.perf_counter() - self.last_line >= LOG_EVERY
+        signum, overdue = (
+            self.stop.agree(overdue) if self.stop else (0, overdue)
+        )  # on every process
+        if step % self.args.print_freq == 0 or step == self.steps or overdue:
+            self.write_line(step)
+        every = self.args.checkpoint_every
+        if step < self.steps and (signum or every and step % every == 0):
+            path = self.checkpoints.save(self.epoch_no, step, self.loss_sum.item())
+            if signum:
+                StopSignals.exit(signum, path, self.epoch_no, step)
+
+    def write_line(self, step):
+        window_loss = (
+            self.window_loss.item()
+        )  # a sync point: the window's CUDA events have happened
+        totals = [window_loss, self.window_images, self.wait.seconds()]
+        loss_total, images_total, wait_total = all_reduce_sum(totals, self.world.device)
+        check_finite(math.isfinite(loss_total), self.epoch_no, int(self.first_bad) or step, "loss")
+        now = time.perf_counter()
+        elapsed, size = now - self.window_start, self.world.size
+        epoch, steps = self.epoch_no, self.steps
+        record = {
+            "type": "train",
+            "epoch": epoch,
+            "step": step,
+            "steps": steps,
+            "global_step": (epoch - 1) * steps + step,
+            "loss": loss_total / (self.window_steps * size),
+            "lr": self.optimizer.param_groups[0]["lr"],
+            "img_s": images_total / elapsed,
+            "data_wait": 100 * wait_total / (elapsed * size),
+        }
+        left = (steps - step) + (self.args.epochs - epoch) * steps  # the whole run's steps to go
+        eta = datetime.timedelta(seconds=round((now - self.clock) / max(1, self.done - 1) * left))
+        self.log(
+            record,
+            f"Epoch: [{epoch}/{self.args.epochs}] [{step:>{len(str(steps))}}/{steps}]  "
+            f"loss {record['loss']:.4f}  lr {record['lr']:.5f}  img/s {record['img_s']:.1f}  "
+            f"data-wait {record['data_wait']:.1f}%  eta {eta}",
+        )
+        self.window_loss, self.window_images, self.window_steps = (
+            torch.zeros_like(self.window_loss),
+            0,
+            0,
+        )
+        self.window_start = self.last_line = time.perf_counter()
+
+    def epoch_loss(self):
+        """The epoch's mean loss over all processes and steps (a sync point)."""
+        (loss_total,) = all_reduce_sum([self.loss_sum.item()], self.world.device)
+        check_finite(
+            math.isfinite(loss_total), self.epoch_no, int(self.first_bad) or self.steps, "loss"
+        )
+        return loss_total / (self.steps * self.world.size)
+
+
+# ------------------------------------------------------------------------------------------
+# stopping and exiting
+# ------------------------------------------------------------------------------------------
+
+
+class StopSignals:
+    """SIGTERM (SLURM's and Kubernetes' preemption), SIGINT (Ctrl-C) and SIGUSR1 (SLURM's warning)
+    stop the run at the next step; a second Ctrl-C at once. ``agree``, called by every process at
+    the same points, gives them all the largest signal any caught, over a gloo (CPU) group, sent at
+    one step and read at the next: no step waits for it."""
+
+    def __init__(self, world):
+        self.signum, self.pending = 0, None
+        self.group = dist.new_group(backend="gloo") if world.distributed else None
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
+            signal.signal(signum, self.catch)
+
+    def catch(self, signum, frame):
+        if signum == self.signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.signum = self.signum or signum
+
+    def agree(self, due=False):
+        """(the signal to stop for, or 0; whether a log line is ``due`` on any process), the same
+        answer on every process."""
+        if self.group is None:
+            return self.signum, due
+        agreed = self.pending[1].tolist() if self.pending and self.pending[0].wait() else [0, 0]
+        flags = torch.tensor([self.signum, int(due)])
+        self.pending = (
+            dist.all_reduce(flags, dist.ReduceOp.MAX, group=self.group, async_op=True),
+            flags,
+        )
+        return agreed[0], bool(agreed[1])
+
+    @staticmethod
+    def exit(signum, path, epoch, step):
+        """After the stop's checkpoint: one line, and the exit status of the signal's end."""
+        if path:  # the main process's
+            print(
+                f"stopped by {signal.Signals(signum).name} at epoch {epoch} step {step}: saved "
+                f"{path}; to continue, run the same command with --resume {path}",
+                file=sys.stderr,
+                flush=True,
+            )
+        sys.exit(128 + signum)
+
+
+def run_main(main, args):
+    """``main(args)``, ended as a training script ends: a ``UsageError`` or ``DataError`` as one
+    ``error:`` line and exit status 2, Ctrl-C as one line and 130, anything else as its traceback
+    and 1; a run folder of a start that failed before training removed; the process group
+    destroyed."""
+    try:
+        main(args)
+    except (Exception, KeyboardInterrupt) as e:
+        for folder in _unstarted:
+            shutil.rmtree(folder, ignore_errors=True)
+        if isinstance(e, (UsageError, DataError)):
+            status, text = 2, f"error: {e}"
+        elif isinstance(e, KeyboardInterrupt):
+            status, text = 130, "interrupted: nothing saved since the last checkpoint"
+        else:
+            status, text = 1, traceback.format_exc()
+        alone = not (dist.is_initialized() and dist.get_world_size() > 1)
+        if status == 1 and alone:
+            raise
+        print(text, file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        # Other processes may wait for this one in a collective, where NCCL's graceful
+        # destroy_process_group() would wait forever: end at once, and torchrun stops the others.
+        if not alone:
+            os._exit(status)
+        sys.exit(status)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
