@@ -423,11 +423,15 @@ class ClassifyReader:
             )
         self.classes = list(classes) if classes is not None else listed
         if args["random_shuffle"]:
-            # Whole shards in a new order every epoch (the same on every rank: the default
-            # shuffle_after_epoch_seed, not the per-rank seed), samples from a SHUFFLE_BUFFER
-            # window.
-            args.update(initial_fill=SHUFFLE_BUFFER, shuffle_after_epoch=True)
+            # Samples from a SHUFFLE_BUFFER window; whole shards in a new order every epoch (the
+            # same on every rank: the default shuffle_after_epoch_seed, not the per-rank seed),
+            # unless each process keeps its shard (stick_to_shard, for the decoder cache), which
+            # DALI's shard readers cannot do with shards reshuffled.
+            args.update(initial_fill=SHUFFLE_BUFFER, shuffle_after_epoch=not args["stick_to_shard"])
         if self.layout == "tfrecord":
+            # DALI's TFRecord reader has no skip_cached_images: it reads every image's bytes, and
+            # the decoder still finds the cached ones decoded.
+            args["skip_cached_images"] = False
             self.reader = ops.readers.TFRecord(
                 path=self.files, index_path=list(indexes), features=TFRECORD_FEATURES, **args
             )

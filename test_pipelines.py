@@ -1173,3 +1173,110 @@ def test_gpu_cached_validation_sees_every_sample_once_per_epoch_on_two_shards(so
     for _ in range(3):  # the first epoch fills the caches; each shard keeps its own samples
         seen = [sample for it in loaders for batch in it for sample in identities(batch[0]["data"])]
         assert sorted(seen) == EVERYTHING
+
+
+# The decoder cache on every local layout: DALI's shard readers cannot reshuffle their shards while
+# each process keeps its own (stick_to_shard), and its TFRecord reader cannot skip cached images.
+
+
+def cached_layout(split_root, layout):
+    return split_root if layout == "folder" else to_shards(split_root, layout)
+
+
+@gpu
+@pytest.mark.parametrize("layout", ["folder", *FORMATS])
+def test_gpu_decoder_cache_on_every_layout_gives_the_uncached_training_batches(split_root, layout):
+    """Two shards of 21 images, batch 4: 3 batches an epoch each. Over 2.7 epochs (the first fills
+    the cache) the batches are bit for bit those of the same pipeline without a cache, and each
+    epoch the two shards together see every image."""
+    root = cached_layout(split_root, layout) / "train"
+
+    def batches(cache, shard):
+        pipe = ClassifyTrainPipeline(
+            4,
+            2,
+            0,
+            str(root),
+            crop_size=24,
+            seed=3,
+            shard_id=shard,
+            num_shards=2,
+            decoder_cache=cache,
+        )
+        return first_batches(classify_iterator(pipe), 9)
+
+    runs = [(batches(0, shard), batches(64, shard)) for shard in range(2)]
+    for plain, cached in runs:
+        assert plain[0][0].shape == (4, 3, 24, 24) and same_batches(plain, cached)
+    everything = {(c, i) for c in range(len(CLASSES)) for i in range(PER_CLASS)}
+    for epoch in range(3):
+        seen = [
+            x
+            for _, cached in runs
+            for data, _ in cached[3 * epoch : 3 * epoch + 3]
+            for x in identities(data)
+        ]
+        assert set(seen) == everything and len(seen) == 24
+
+
+@gpu
+@pytest.mark.parametrize("layout", ["folder", *FORMATS])
+def test_gpu_cached_validation_on_every_layout_is_uncached_and_sees_every_sample_once(
+    split_root, layout
+):
+    """One shard: over 3 epochs (the first fills the cache) the batches are bit for bit those
+    without a cache. Two shards, each keeping its own samples: every sample once an epoch."""
+    root = cached_layout(split_root, layout) / "val"
+
+    def loaders(cache, num_shards):
+        return [
+            classify_iterator(
+                ClassifyValPipeline(
+                    3,
+                    1,
+                    0,
+                    str(root),
+                    classes=sorted(CLASSES),
+                    crop_size=24,
+                    shard_id=s,
+                    num_shards=num_shards,
+                    decoder_cache=cache,
+                )
+            )
+            for s in range(num_shards)
+        ]
+
+    def epoch(its):
+        return [(b[0]["data"].cpu(), b[0]["label"].cpu()) for it in its for b in it]
+
+    plain, cached, two_shards = loaders(None, 1), loaders(64, 1), loaders(64, 2)
+    for _ in range(3):
+        assert same_batches(epoch(plain), epoch(cached))
+        seen = [x for data, _ in epoch(two_shards) for x in identities(data)]
+        assert sorted(seen) == [(0, 0), (0, 1), (2, 0), (2, 1)]
+
+
+@gpu
+@pytest.mark.parametrize("layout", ["folder", *FORMATS])
+def test_gpu_cached_training_resumes_mid_epoch_on_every_layout(split_root, layout):
+    root = cached_layout(split_root, layout) / "train"
+
+    def loader(**kwargs):
+        return classify_iterator(
+            ClassifyTrainPipeline(
+                4,
+                2,
+                0,
+                str(root),
+                crop_size=24,
+                seed=5,
+                decoder_cache=64,
+                enable_checkpointing=True,
+                **kwargs,
+            )
+        )
+
+    it = loader()
+    first_batches(it, 8)  # 6 batches an epoch: into the second, the cache holding every image
+    checkpoint = it.checkpoints()[0]
+    assert same_batches(first_batches(it, 7), first_batches(loader(checkpoint=checkpoint), 7))
