@@ -34,7 +34,7 @@ flock locks between them (Linux NFS clients do).
     python data_processing.py data/nails_png data/nails                  # convert + split
     python data_processing.py data/nails_png data/nails --valid-fraction 0.25 --seed 1
     python data_processing.py --demo data/demo_png                       # write the demo PNG set
-    python data_processing.py --demo data/demo_png data/demo             # ... and convert + split it
+    python data_processing.py --demo data/demo_png data/demo             # ... converted + split
 
     from data_processing import prepare
     from data_sources import read_split
@@ -115,7 +115,8 @@ def _list_files(folder, ext):
             path = os.path.join(dirpath, name)
             if (group, stem) in found:
                 raise DataError(
-                    f"{path}: same name as {found[group, stem]} (names must be unique within a group)"
+                    f"{path}: same name as {found[group, stem]} "
+                    "(names must be unique within a group)"
                 )
             found[group, stem] = path
     return found
@@ -264,14 +265,16 @@ def _mask_array(path, data):
         values = np.asarray(img)
     else:
         raise DataError(
-            f"{path}: mask of PNG mode {img.mode} (expected greyscale L, palette P, or RGB with R == G == B)"
+            f"{path}: mask of PNG mode {img.mode} "
+            "(expected greyscale L, palette P, or RGB with R == G == B)"
         )
     present = np.unique(values)
     if set(present.tolist()) <= {0, 255}:
         values = values == 255
     elif present[0] < 0 or present[-1] > 255:
         raise DataError(
-            f"{path}: mask values {present[0]}..{present[-1]} do not fit uint8 class indices (expected 0..255)"
+            f"{path}: mask values {present[0]}..{present[-1]} do not fit uint8 class indices "
+            "(expected 0..255)"
         )
     return values.astype(np.uint8)[..., None]
 
@@ -329,7 +332,8 @@ def _convert(png, npy, to_array):
 
 
 def _outputs(dst_root):
-    """The ``.npy`` paths under ``dst_root``'s Images/ and Masks/: of the files, and of the records."""
+    """The ``.npy`` paths under ``dst_root``'s Images/ and Masks/: of the files, and of the
+    records."""
     found = set()
     for kind in ("Images", "Masks"):
         for dirpath, _, names in os.walk(os.path.join(dst_root, kind)):

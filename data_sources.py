@@ -78,7 +78,8 @@ def progress(items, total, what, every=PROGRESS_EVERY, out=None):
             last, rate = now, done / (now - start)
             eta = f", eta {round((total - done) / rate)} s" if total else ""
             print(
-                f"{what}: {done:,}/{total:,} ({100 * done / max(total, 1):.0f} %), {rate:,.1f}/s{eta}",
+                f"{what}: {done:,}/{total:,} ({100 * done / max(total, 1):.0f} %), "
+                f"{rate:,.1f}/s{eta}",
                 file=out or sys.stderr,
                 flush=True,
             )
@@ -291,8 +292,9 @@ def remote_shard_index(shard, layout):
     time: an upload sets its own)."""
     name, listed = os.path.basename(shard), s3_files(os.path.dirname(shard))
     how = (
-        f"index a local copy (python -c \"import data_sources; data_sources.shard_index('{name}', '{layout}')\") and "
-        f"upload {name}.idx and {name}.idx.json beside it (make_shards.py writes both for every shard)"
+        f"index a local copy (python -c \"import data_sources; data_sources.shard_index('{name}', "
+        f"'{layout}')\") and upload {name}.idx and {name}.idx.json beside it (make_shards.py "
+        "writes both for every shard)"
     )
     if name + ".idx" not in listed or name + ".idx.json" not in listed:
         raise DataError(f"{shard}: no index beside it ({name}.idx and {name}.idx.json); {how}")
@@ -304,8 +306,8 @@ def remote_shard_index(shard, layout):
         recorded = None
     if recorded != (listed[name], listed[name + ".idx"], shard_digest(shard)):
         raise DataError(
-            f"{shard}: does not match its index ({name}.idx.json records another size or digest: the "
-            f"shard was rewritten since it was indexed); {how}"
+            f"{shard}: does not match its index ({name}.idx.json records another size or digest: "
+            f"the shard was rewritten since it was indexed); {how}"
         )
     return shard + ".idx", summary
 
@@ -567,7 +569,8 @@ def find_layout(split_dir):
     shards)."""
     if not isdir(split_dir):
         raise DataError(
-            f"{split_dir}: no such directory (expected class folders, TFRecord files or .tar shards)"
+            f"{split_dir}: no such directory (expected class folders, TFRecord files or .tar "
+            "shards)"
         )
     found = set()
     for name, is_dir in entries(split_dir):
@@ -580,7 +583,8 @@ def find_layout(split_dir):
     if not found:
         raise DataError(
             f"{split_dir}: no class folders, TFRecord files or .tar shards in it (expected "
-            f"<dir>/<class>/<image>, <dir>/*.tfrecord or <dir>/train-00000-of-01024, or <dir>/*.tar)"
+            "<dir>/<class>/<image>, <dir>/*.tfrecord or <dir>/train-00000-of-01024, or "
+            "<dir>/*.tar)"
         )
     if len(found) > 1:
         raise DataError(
@@ -614,7 +618,8 @@ def check_manifest(split_dir, shards):
     missing = sorted(set(listed) - {os.path.basename(shard) for shard in shards})
     if missing:
         raise DataError(
-            f"{os.path.join(split_dir, missing[0])}: missing, but {manifest} lists it ({len(missing)} of "
+            f"{os.path.join(split_dir, missing[0])}: missing, but {manifest} lists it "
+            f"({len(missing)} of "
             f"{len(listed)} shards missing); copy the set again or rerun make_shards.py"
         )
 
@@ -684,7 +689,8 @@ def shard_index(shard, layout):
 
 
 def shard_digest(shard, ends=1 << 16):
-    """SHA-1 of a shard's first and last ``ends`` bytes: a rewrite with other samples changes them."""
+    """SHA-1 of a shard's first and last ``ends`` bytes: a rewrite with other samples changes
+    them."""
     if remote(shard):  # two ranged reads
         head, size = read_head(shard, ends)
         return hashlib.sha1(
@@ -763,7 +769,8 @@ def _tfrecord_records(shard):
             )
             if end > size:
                 raise DataError(
-                    f"{shard}: truncated or not a TFRecord file (record {i} at byte {start} runs past "
+                    f"{shard}: truncated or not a TFRecord file (record {i} at byte {start} runs "
+                    "past "
                     f"the end of the file); write it again"
                 )
             features = {}
@@ -827,7 +834,8 @@ def _tar_samples(shard):
                     continue
                 if member.offset_data + member.size > size:
                     raise DataError(
-                        f"{shard}: truncated ({member.name} runs past the end of the file); write it again"
+                        f"{shard}: truncated ({member.name} runs past the end of the file); write "
+                        "it again"
                     )
                 # WebDataset's key: the path up to the first dot of the file name; the rest is the
                 # extension
@@ -844,7 +852,8 @@ def _tar_samples(shard):
             tar.fileobj.seek(tar.offset)
             if tar.fileobj.read(1024) != bytes(1024):
                 raise DataError(
-                    f"{shard}: truncated (no end-of-archive marker after its last member); write it again"
+                    f"{shard}: truncated (no end-of-archive marker after its last member); write "
+                    "it again"
                 )
     except tarfile.TarError as e:
         raise DataError(f"{shard}: not an uncompressed tar file ({e})") from None
@@ -964,12 +973,14 @@ def plan_decoder_cache(mode, pipes, free_mb):
     if remote(pipes[0].read.data_dir):  # the estimate reads a sample of the images from Python
         return (
             None,
-            f"decoder cache off ({mode}): not for data in object storage, whose images it cannot sample",
+            f"decoder cache off ({mode}): not for data in object storage, whose images it cannot "
+            "sample",
         )
     need = 1.1 * sum(decoded_size(p) for p in pipes)  # 1.1: room for the estimate's error
     on = mode == "on" or need < free_mb / 2
     return math.ceil(need) if on else None, (
-        f"decoder cache {'on' if on else 'off'} ({mode}): this process's images take about {need / 1024:.1f} GB "
+        f"decoder cache {'on' if on else 'off'} ({mode}): this process's images take about "
+        f"{need / 1024:.1f} GB "
         f"decoded, and {free_mb / 1024:.1f} GB of GPU memory are free"
     )
 
@@ -1076,7 +1087,8 @@ def read_split(prepared_root, split):
     for row in reader:
         if len(row) != 3:
             raise DataError(
-                f"{path} line {reader.line_num}: expected 3 columns ({','.join(CSV_HEADER)}), got {row}"
+                f"{path} line {reader.line_num}: expected 3 columns ({','.join(CSV_HEADER)}), got "
+                f"{row}"
             )
         image, mask = (
             os.path.join(prepared_root, rel)
@@ -1164,7 +1176,8 @@ def check_segmentation_files(imgs, lbls):
         ):
             if shape[2:] != first_shape[2:] or dtype != first_dtype:
                 raise DataError(
-                    f"{path}: {what} of shape {shape} {dtype}, but the set's first {what} {first_path} "
+                    f"{path}: {what} of shape {shape} {dtype}, but the set's first {what} "
+                    f"{first_path} "
                     f"is {first_shape} {first_dtype} (all {what}s of a set share their number of "
                     f"dimensions, channels and dtype)"
                 )

@@ -11,7 +11,8 @@ import os
 
 
 def number(kind, allowed, ok):
-    """An argparse type: a ``kind`` value for which ``ok(value)`` holds, else 'must be <allowed>'."""
+    """An argparse type: a ``kind`` value for which ``ok(value)`` holds, else 'must be
+    <allowed>'."""
 
     def parse(text):
         value = kind(text)  # a ValueError is argparse's "invalid int value: 'x'"
@@ -45,7 +46,7 @@ def new_parser(description):
 def demo_help(what, defaults):
     """--data's help: ``what``, and the defaults that --data demo changes."""
     changed = ", ".join(f"--{k.replace('_', '-')} {v}" for k, v in defaults.items())
-    return f"{what}; or 'demo' for a built-in synthetic set (demo also changes the defaults to: {changed})"
+    return f"{what}; or 'demo' for a built-in synthetic set (demo also sets: {changed})"
 
 
 def add_loader_flags(group):
@@ -198,7 +199,8 @@ def add_output_flags(g, runs_dir):
 
 
 def parse(parser, argv, demo_defaults):
-    """The flags, with --data demo's defaults where it is given, and the rules both trainers share."""
+    """The flags, with --data demo's defaults where it is given, and the rules both trainers
+    share."""
     args = parser.parse_args(argv)
     if args.data == "demo":
         parser.set_defaults(**demo_defaults)

@@ -189,7 +189,8 @@ def check_paths(src, dst):
         "://" in dst
     ):  # the trainers read the local set from object storage once it is uploaded as it is
         raise DataError(
-            f"{dst}: make_shards.py writes to local disk; write there, then upload the folder as it is "
+            f"{dst}: make_shards.py writes to local disk; write there, then upload the folder as "
+            "it is "
             f"(aws s3 sync DST {dst})"
         )
     if os.path.exists(dst) and not os.path.isdir(dst):
@@ -411,8 +412,8 @@ def main(argv=None):
     parser.add_argument(
         "--overwrite",
         action="store_true",
-        help="replace this script's files in DST when they are of another source, other settings or "
-        "another writer (files of other names stay an error)",
+        help="replace this script's files in DST when they are of another source, "
+        "other settings or another writer (files of other names stay an error)",
     )
     args = parser.parse_args(argv)
     try:

@@ -807,7 +807,8 @@ def antialiased_resize(device_id, num_threads, size):
 
 def flip_by_roi(resize, data, flips=None):
     """DALI's ``resize`` of ``data``, flipped where ``flips`` (vertical, horizontal) is 1: the
-    region of interest read backwards, from 1 to 0 along the flipped axes, costs no pass of its own."""
+    region of interest read backwards, from 1 to 0 along the flipped axes, costs no pass of its
+    own."""
     if flips is None:
         return resize(data)
     return resize(data, roi_start=flips, roi_end=1 - flips)

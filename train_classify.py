@@ -1,10 +1,10 @@
 """Train an ImageNet-style classifier with DALI feeding PyTorch directly.
 
-    python train_classify.py --data demo                  # a small demo set (no download), trained on
+    python train_classify.py --data demo                  # a small demo set, no download
     python train_classify.py --data /data/imagenet --amp bf16 --channels-last       # one GPU
     torchrun --nproc_per_node=8 train_classify.py --data /data/imagenet --amp bf16 --channels-last
-    python train_classify.py --data demo --dali-device cpu  # DALI CPU-only (what runs without a GPU)
-    python train_classify.py --data /data/imagenet --loader synthetic   # the model's own speed ceiling
+    python train_classify.py --data demo --dali-device cpu  # DALI CPU-only, as without a GPU
+    python train_classify.py --data /data/imagenet --loader synthetic   # the model's own ceiling
     python train_classify.py --data /data/imagenet --resume runs/classify/exp1/checkpoint.pth
     python train_classify.py --data /data/imagenet --resume runs/classify/exp1/best.pth --evaluate
 
@@ -56,13 +56,13 @@ def get_args_parser():
     g.add_argument(
         "--num-classes",
         type=flags.at_least_1,
-        help="classes of shards without a classes.txt (ImageFolder trees count their class folders)",
+        help="classes of shards without a classes.txt (ImageFolder trees count their folders)",
     )
     g.add_argument(
         "--label-offset",
         type=int,
         default=0,
-        help="subtracted from every stored label (1 for TFRecords of TensorFlow's ImageNet scripts)",
+        help="subtracted from every stored label (1 for TensorFlow's ImageNet TFRecords)",
     )
     size = flags.at_least_1
     g.add_argument(
@@ -83,14 +83,15 @@ def get_args_parser():
     g.add_argument(
         "--hw-decoder-load",
         type=flags.probability,
-        help="share of JPEGs for the GPU's hardware decoder (default: pipelines.DEFAULT_HW_DECODER_LOAD)",
+        help="share of JPEGs for the GPU's hardware decoder "
+        "(default: pipelines.DEFAULT_HW_DECODER_LOAD)",
     )
     g.add_argument(
         "--decoder-cache",
         choices=["auto", "on", "off"],
         default="auto",
-        help="keep decoded images in DALI's GPU cache (auto: when this process's share fits in half "
-        "the free GPU memory)",
+        help="keep decoded images in DALI's GPU cache "
+        "(auto: when this process's share fits in half the free GPU memory)",
     )
     g = parser.add_argument_group("model")
     g.add_argument(
@@ -155,7 +156,8 @@ def make_model(args, num_classes):
 
 
 def get_mixup_cutmix(args, num_classes):
-    """torchvision's MixUp and/or CutMix on the batch (one of the two, at random, when both are on)."""
+    """torchvision's MixUp and/or CutMix on the batch (one of the two, at random, when both are
+    on)."""
     alphas = ((v2.MixUp, args.mixup_alpha), (v2.CutMix, args.cutmix_alpha))
     transforms = [t(alpha=alpha, num_classes=num_classes) for t, alpha in alphas if alpha > 0]
     if not transforms:

@@ -1,8 +1,8 @@
 """Train a segmentation model, DALI feeding PyTorch directly.
 
-    python train_segment.py --data demo              # a synthetic nail set (no download), trained on
-    python train_segment.py --data data/nails --amp bf16 --channels-last    # a prepared root (csv_file/)
-    python train_segment.py --data data/nails_png    # a PNG root (Images/, Masks/): prepared into npy/
+    python train_segment.py --data demo              # a synthetic nail set, no download
+    python train_segment.py --data data/nails --amp bf16 --channels-last   # a prepared root
+    python train_segment.py --data data/nails_png    # a PNG root (Images/, Masks/), prepared
     torchrun --nproc_per_node=8 train_segment.py --data data/nails --amp bf16 --channels-last
     python train_segment.py --data data/nails --resume runs/segment/exp1/checkpoint.pth
     python train_segment.py --data data/nails --resume runs/segment/exp1/best.pth --evaluate
@@ -390,7 +390,8 @@ def locate_data(args, world):
         args.data if local else os.path.join(args.data, "csv_file")
     ):
         raise UsageError(
-            f"--data {args.data}: no such directory (expected a prepared root with csv_file/, a PNG "
+            f"--data {args.data}: no such directory (expected a prepared root with csv_file/, a "
+            "PNG "
             f"root with Images/ and Masks/ (not s3://), or --data demo)"
         )
     if args.data == "demo" or (local and not os.path.isdir(os.path.join(args.data, "csv_file"))):

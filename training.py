@@ -3,9 +3,9 @@ train_segment.py.
 
     processes and devices   setup_distributed, autocast, all_reduce_sum, sync_buffers
     model and optimizer     prepare_model (DDP, EMA, optimizer, schedule, scaler), load_weights
-    run folder and log      open_run: the run's folder, locked; its log (stdout, metrics.jsonl, TensorBoard)
+    run folder and log      open_run: the run's folder, locked; its log (stdout, metrics.jsonl)
     checkpoints             Checkpoints (atomic save), load_checkpoint, check_resumable, resume
-    the loop's bookkeeping  StepLog: data wait, NaN tracking, the windowed all-reduce, the ETA, saves
+    the loop's bookkeeping  StepLog: data wait, NaN checks, the windowed all-reduce, ETA, saves
     stopping and exiting    StopSignals (SIGTERM, SIGINT, SIGUSR1), run_main
 
 What happens on SIGTERM reads here alone: StopSignals catches it; every process agrees on the step
@@ -475,7 +475,8 @@ class Checkpoints:
 
 
 def write_checkpoint(ckpt, path):
-    """A temporary file, then a rename: the previous file stays whole if saving fails or is killed."""
+    """A temporary file, then a rename: the previous file stays whole if saving fails or is
+    killed."""
     tmp = f"{path}.tmp-{os.getpid()}"
     try:
         torch.save(ckpt, tmp)
