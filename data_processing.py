@@ -607,10 +607,11 @@ def demo_image(k, rng):
     hsv = Image.new("HSV", (1, 1), (hue, int(rng.integers(170, 256)), int(rng.integers(170, 256))))
     r, angle = rng.uniform(0.25, 0.4) * min(h, w), rng.uniform(0, 2 * np.pi)
     x, y = xx - rng.uniform(r, w - r), yy - rng.uniform(r, h - r)
+    # turned with the shape
     u, v = (
         x * np.cos(angle) + y * np.sin(angle),
         y * np.cos(angle) - x * np.sin(angle),
-    )  # turned with the shape
+    )
     d, edge = np.hypot(u, v), np.maximum(abs(u), abs(v))
     inside = {
         "circle": d < r,

@@ -316,10 +316,11 @@ def find_changed(pipe):
     """The first of ``pipe``'s s3:// files that is gone, or of another size, since the run listed
     them; or None."""
     split = pipe.read.data_dir
+    # the listing this run used, and a new one
     before, now = (
         s3_files(split),
         s3_files.__wrapped__(split),
-    )  # the listing this run used, and a new one
+    )
     return next(
         (f for f in pipe.files if now.get(rel := f[len(split) :].lstrip("/")) != before[rel]), None
     )
@@ -761,9 +762,8 @@ def _tfrecord_records(shard):
         i = 0
         while f.tell() < size:
             start = f.tell()
-            header = f.read(
-                12
-            )  # uint64 length, uint32 masked CRC of the length, the Example, its CRC
+            # uint64 length, uint32 masked CRC of the length, the Example, its CRC
+            header = f.read(12)
             end = (
                 start + 12 + (struct.unpack("<Q", header[:8])[0] if len(header) == 12 else size) + 4
             )

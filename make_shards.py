@@ -260,9 +260,8 @@ def claim_dst(dst, fmt, settings, digests, overwrite):
         s for s in final if same and s in digests and old.get("shards", {}).get(s) == digests[s]
     }
     if "manifest.json" in final:
-        os.remove(
-            os.path.join(dst, "manifest.json")
-        )  # first: until this run ends, DST is not a complete set
+        # first: until this run ends, DST is not a complete set
+        os.remove(os.path.join(dst, "manifest.json"))
     for name in (
         set(final + temporary)
         - keep

@@ -436,9 +436,8 @@ class SegmentValPipeline(Pipeline):
         shape, dtype = mask
         # (H, W) files get a channel axis of 1, so every kind of set runs through one graph.
         self.mask_hwc = ops.Reshape(device=device, src_dims=hwc_dims(shape), layout="HWC")
-        self.mask_chw = ops.Reshape(
-            device=device, src_dims=[2, 0, 1], layout="CHW"
-        )  # moves no data
+        # moves no data
+        self.mask_chw = ops.Reshape(device=device, src_dims=[2, 0, 1], layout="CHW")
         # DALI's Resize reads uint8, int16, uint16 and float32: other masks (np.argmax gives int64)
         # are resized as float32, exact for class values below 2**24, and handed out as int32. A
         # cast to the type a mask already has would only copy it, so uint8 masks skip both.
@@ -565,9 +564,8 @@ class SegmentTrainPipeline(SegmentValPipeline):
     ):
         super().__init__(batch_size, num_threads, device_id, imgs, lbls, **kwargs)
         device = "gpu" if self.on_gpu else "cpu"
-        self.flip_coins = ops.random.CoinFlip(
-            probability=flip_p, shape=[2]
-        )  # (vertical, horizontal)
+        # (vertical, horizontal)
+        self.flip_coins = ops.random.CoinFlip(probability=flip_p, shape=[2])
         self.as_float = ops.Cast(dtype=types.FLOAT)
         self.noise_coin = ops.random.CoinFlip(probability=noise_p, dtype=types.BOOL)
         self.noise_draws = [ops.random.Uniform(range=list(noise_std))]  # the stddev

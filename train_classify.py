@@ -189,9 +189,8 @@ def train_one_epoch(model, criterion, state, steps, step_log, epoch, args, mixup
         if model_ema is not None and step % args.model_ema_steps == 0:
             model_ema.update_parameters(model)
             if epoch <= args.lr_warmup_epochs:
-                model_ema.n_averaged.fill_(
-                    0
-                )  # in warm-up the EMA copies the weights, as torchvision's
+                # in warm-up the EMA copies the weights, as torchvision's
+                model_ema.n_averaged.fill_(0)
         step_log.update(loss, len(targets))
     return step_log.epoch_loss()
 

@@ -211,9 +211,8 @@ def train_one_epoch(model, criterion, state, steps, step_log, epoch, args):
         if model_ema is not None and step % args.model_ema_steps == 0:
             model_ema.update_parameters(model)
             if epoch <= args.lr_warmup_epochs:
-                model_ema.n_averaged.fill_(
-                    0
-                )  # in warm-up the EMA copies the weights, as torchvision's
+                # in warm-up the EMA copies the weights, as torchvision's
+                model_ema.n_averaged.fill_(0)
         step_log.update(loss, len(masks))
     return step_log.epoch_loss()
 
@@ -383,9 +382,8 @@ def save_overlay(path, images, masks, preds, num_classes, line=16):
 def locate_data(args, world):
     """--data as a prepared root (csv_file/ inside): the demo set and PNG roots are prepared first,
     once per node."""
-    local = not remote(
-        args.data
-    )  # an s3:// prefix holds a prepared root: data_processing writes locally
+    # an s3:// prefix holds a prepared root: data_processing writes locally
+    local = not remote(args.data)
     if args.data != "demo" and not isdir(
         args.data if local else os.path.join(args.data, "csv_file")
     ):

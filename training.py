@@ -615,13 +615,8 @@ class StepLog:
     signal, ``checkpoints`` saves the step; after a stop signal's save the process exits."""
 
     def __init__(self, args, world, log, checkpoints, stop, steps, optimizer):
-        self.args, self.world, self.log, self.checkpoints, self.stop = (
-            args,
-            world,
-            log,
-            checkpoints,
-            stop,
-        )
+        self.args, self.world, self.log = args, world, log
+        self.checkpoints, self.stop = checkpoints, stop
         self.steps, self.optimizer = steps, optimizer
         self.clock, self.done = None, 0  # the first step's time and the steps since, for the ETA
 
@@ -629,15 +624,11 @@ class StepLog:
         """(step, batch) of steps ``first_step + 1 .. steps``; ``loss_sum``: this process's sum over
         the steps before ``first_step``."""
         device = self.world.device
-        self.epoch_no, self.last_line = epoch, time.perf_counter()
+        self.epoch_no = epoch
         self.loss_sum = torch.full((), loss_sum, device=device)
         self.first_bad = torch.zeros((), dtype=torch.long, device=device)
-        self.window_loss, self.window_images, self.window_steps = (
-            torch.zeros((), device=device),
-            0,
-            0,
-        )
-        self.wait, self.window_start = DataWait(device), time.perf_counter()
+        self.new_window()
+        self.wait = DataWait(device)
         for self.step, batch in enumerate(batches, first_step + 1):
             self.wait.batch_arrived()
             yield self.step, batch
@@ -659,9 +650,8 @@ class StepLog:
             self.log.training_started()
         self.done += 1
         overdue = time.perf_counter() - self.last_line >= LOG_EVERY
-        signum, overdue = (
-            self.stop.agree(overdue) if self.stop else (0, overdue)
-        )  # on every process
+        # the same answer on every process: a stop signal, and whether a line is overdue
+        signum, overdue = self.stop.agree(overdue) if self.stop else (0, overdue)
         if step % self.args.print_freq == 0 or step == self.steps or overdue:
             self.write_line(step)
         every = self.args.checkpoint_every
@@ -671,9 +661,8 @@ class StepLog:
                 StopSignals.exit(signum, path, self.epoch_no, step)
 
     def write_line(self, step):
-        window_loss = (
-            self.window_loss.item()
-        )  # a sync point: the window's CUDA events have happened
+        # a sync point: the window's CUDA events have happened
+        window_loss = self.window_loss.item()
         totals = [window_loss, self.window_images, self.wait.seconds()]
         loss_total, images_total, wait_total = all_reduce_sum(totals, self.world.device)
         check_finite(math.isfinite(loss_total), self.epoch_no, int(self.first_bad) or step, "loss")
@@ -699,11 +688,12 @@ class StepLog:
             f"loss {record['loss']:.4f}  lr {record['lr']:.5f}  img/s {record['img_s']:.1f}  "
             f"data-wait {record['data_wait']:.1f}%  eta {eta}",
         )
-        self.window_loss, self.window_images, self.window_steps = (
-            torch.zeros_like(self.window_loss),
-            0,
-            0,
-        )
+        self.new_window()
+
+    def new_window(self):
+        """The next log line's window: its loss (on the device), images, steps, start."""
+        self.window_loss = torch.zeros((), device=self.world.device)
+        self.window_images, self.window_steps = 0, 0
         self.window_start = self.last_line = time.perf_counter()
 
     def epoch_loss(self):
