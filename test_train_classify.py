@@ -7,6 +7,7 @@ import fcntl
 import json
 import math
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -1093,3 +1094,72 @@ def test_tensorboard_scalars_are_the_metrics_records(tmp_path):
         scalars = [(e.step, e.value) for e in events.Scalars(f"{kind}/{key}")]
         assert [s for s, _ in scalars] == [s for s, _ in logged]
         assert [v for _, v in scalars] == pytest.approx([v for _, v in logged], rel=1e-6)
+
+
+# ------------------------------------------------------------------------------------------
+# what a user sees: --help at once, a line at least every LOG_EVERY seconds, the closing line,
+# no run folder from a start that failed
+# ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("script", ["train_classify.py", "train_segment.py"])
+def test_help_and_flag_errors_answer_before_torch_loads(tmp_path, script):
+    """A torch that cannot be imported stands first on the path: --help still prints the flags,
+    and a bad flag its one error line, so neither waits for torch and DALI to load."""
+    (tmp_path / "torch").mkdir()
+    (tmp_path / "torch" / "__init__.py").write_text("raise ImportError('torch was imported')\n")
+    env = {**CPU_ENV, "PYTHONPATH": str(tmp_path)}
+    path = os.path.join(HERE, script)
+    shown = run("--help", script=path, env=env)
+    assert shown.stdout.startswith(f"usage: {script}") and "--print-freq" in shown.stdout
+    bad = run("--data", "x", "--lr", "-1", script=path, env=env, check=False)
+    assert bad.stderr == "error: argument --lr: must be > 0, got -1\n" and bad.returncode == 2
+
+
+def test_a_line_is_due_every_log_every_seconds_whatever_print_freq(monkeypatch):
+    lines = []
+
+    class Log(NoLog):
+        def __call__(self, record, line):
+            lines.append(record["step"])
+
+    def steps_logged():
+        lines.clear()
+        model = torch.nn.Linear(2, 2)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        args = parse("--print-freq", "100", "--epochs", "1")
+        step_log = training.StepLog(args, ONE_CPU_PROCESS, Log(), None, None, 4, optimizer)
+        for _, (x, _y) in step_log.epoch([(torch.ones(3, 2), None)] * 4, 1):
+            step_log.update(model(x).sum(), len(x))
+        return list(lines)
+
+    assert steps_logged() == [4]  # --print-freq 100: the epoch's last step only
+    monkeypatch.setattr(training, "LOG_EVERY", 0.0)
+    assert steps_logged() == [1, 2, 3, 4]  # a line overdue at every step
+
+
+def test_a_run_ends_with_one_line_of_its_best_score_folder_and_time(tmp_path):
+    root, out = tiny_imagefolder(str(tmp_path / "d")), str(tmp_path / "o")
+    proc = tiny_run(root, out, "--epochs", "2")
+    last = proc.stdout.strip().splitlines()[-1]
+    best = max(r["val_top1"] for r in records(out, "epoch"))
+    assert re.fullmatch(
+        rf"done in \d+:\d\d:\d\d: best val_top1 {best:.3f}, checkpoints in {re.escape(out)}", last
+    )
+    (end,) = records(out, "end")
+    assert end["val_top1"] == best
+
+
+def test_a_start_that_fails_before_training_leaves_no_run_folder(tmp_path):
+    root = tiny_imagefolder(str(tmp_path / "d"))
+    os.makedirs(os.path.join(root, "train", "empty"))  # a class folder with no images
+    proc = run("--data", root, *TINY, cwd=str(tmp_path), check=False)
+    assert_one_line_error(proc, "empty: no images in this class folder")
+    assert os.listdir(tmp_path / "runs" / "classify") == []  # no exp1 left behind
+    new = str(tmp_path / "new")
+    assert_one_line_error(tiny_run(root, new, check=False), "empty: no images")
+    assert not os.path.exists(new)
+    kept = tmp_path / "kept"
+    kept.mkdir()  # a folder the user made: it stays
+    assert_one_line_error(tiny_run(root, str(kept), check=False), "empty: no images")
+    assert kept.is_dir()
