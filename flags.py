@@ -171,7 +171,13 @@ def add_output_flags(g, runs_dir):
         action="store_true",
         help="replace a previous run's checkpoints in --output-dir",
     )
-    g.add_argument("--resume", default="", help="checkpoint to continue from, at its exact step")
+    g.add_argument(
+        "--resume",
+        default="",
+        help="checkpoint to continue from, at its exact step; 'auto' (with --output-dir): that "
+        "folder's checkpoint, or a fresh start where it holds none, so that a requeued or "
+        "restarted job continues with the command it was started with",
+    )
     g.add_argument(
         "--checkpoint-every",
         type=at_least_0,
@@ -208,6 +214,10 @@ def parse(parser, argv, demo_defaults):
     if args.batch_size < 2 and not args.evaluate:
         parser.error(
             "--batch-size must be at least 2 for training (BatchNorm needs more than one sample)"
+        )
+    if args.resume == "auto" and (not args.output_dir or args.evaluate):
+        parser.error(
+            "--resume auto continues the run in --output-dir: pass --output-dir, and no --evaluate"
         )
     if args.evaluate and not args.resume:
         parser.error(

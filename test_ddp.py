@@ -360,3 +360,111 @@ def test_sigterm_stops_every_rank_at_one_step_with_one_checkpoint(tmp_path):
         json.loads(r) for r in metrics.read_text().splitlines() if json.loads(r)["type"] == "train"
     ]
     assert [r["global_step"] for r in train] == list(range(1, 21))
+
+
+# Runs train_classify.py, unchanged, and SIGKILLs rank 1 once, right after training step {step} of
+# the first epoch (a process lost mid-epoch); a marker file says it was done, so the workers that
+# torchrun restarts run on.
+KILL_ONCE = """
+import os, runpy, signal, sys
+sys.path.insert(0, {here!r})
+import training
+after_step = training.StepLog.after_step
+
+def after_step_then_die(self, step):
+    after_step(self, step)
+    if os.environ["RANK"] == "1" and self.epoch_no == 1 and step == {step}:
+        if not os.path.exists({marker!r}):
+            open({marker!r}, "w").close()
+            os.kill(os.getpid(), signal.SIGKILL)
+
+training.StepLog.after_step = after_step_then_die
+sys.argv = [os.path.join({here!r}, "train_classify.py")] + sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def test_torchrun_restarts_a_killed_worker_and_the_job_ends_as_an_uninterrupted_one(tmp_path):
+    """torchrun --max-restarts with --resume auto: a worker SIGKILLed mid-epoch, torchrun restarts
+    both, the same command continues from the last --checkpoint-every checkpoint, and the job ends
+    with the weights and the logged steps of an uninterrupted run."""
+    make_data(tmp_path / "data")
+    killer = tmp_path / "kill_once.py"
+    marker = tmp_path / "killed"
+    killer.write_text(KILL_ONCE.format(here=HERE, step=2, marker=str(marker)))
+    flags = [
+        "--data",
+        str(tmp_path / "data"),
+        "--arch",
+        "resnet18",
+        "--train-crop-size",
+        "32",
+        "--val-crop-size",
+        "32",
+        "--val-resize-size",
+        "32",
+        "--batch-size",
+        str(BATCH),
+        "--workers",
+        "1",
+        "--dali-device",
+        "cpu",
+        "--print-freq",
+        "1",
+        "--epochs",
+        "2",
+        "--checkpoint-every",
+        "1",
+        "--resume",
+        "auto",
+    ]
+
+    def job(script, out):
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node=2",
+            "--max-restarts=2",
+            str(script),
+            *flags,
+            "--output-dir",
+            str(tmp_path / out),
+        ]
+        return subprocess.run(
+            cmd, cwd=HERE, capture_output=True, text=True, timeout=600, env=CPU_ENV
+        )
+
+    whole = job(os.path.join(HERE, "train_classify.py"), "whole")
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    broken = job(killer, "broken")
+    assert broken.returncode == 0 and marker.exists(), broken.stderr[-3000:]
+    with open(tmp_path / "broken" / "metrics.jsonl") as f:
+        resumed = [r for r in map(json.loads, f) if r["type"] == "resume"]
+    assert [(r["epoch"], r["step"]) for r in resumed] == [(1, 2)]
+    a, b = (
+        torch.load(tmp_path / out / "checkpoint.pth", weights_only=True)
+        for out in ("whole", "broken")
+    )
+    assert a["model"].keys() == b["model"].keys()
+    assert (
+        max((a["model"][k].double() - b["model"][k].double()).abs().max() for k in a["model"])
+        <= 1e-6
+    )
+
+    def steps(out):
+        with open(tmp_path / out / "metrics.jsonl") as f:
+            return [
+                (r["epoch"], r["step"], r["loss"])
+                for r in map(json.loads, f)
+                if r["type"] == "train"
+            ]
+
+    assert steps("broken") == steps("whole")
+    # the same command once more, as a requeue after the end: one line, nothing trained
+    again = job(os.path.join(HERE, "train_classify.py"), "broken")
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "its run is complete (2 of 2 epochs" in again.stdout and steps("broken") == steps(
+        "whole"
+    )

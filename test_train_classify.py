@@ -1163,3 +1163,38 @@ def test_a_start_that_fails_before_training_leaves_no_run_folder(tmp_path):
     kept.mkdir()  # a folder the user made: it stays
     assert_one_line_error(tiny_run(root, str(kept), check=False), "empty: no images")
     assert kept.is_dir()
+
+
+def test_resume_auto_continues_the_same_command_and_a_finished_run_is_not_trained_again(tmp_path):
+    """What a requeued job does: the command it was started with. --resume auto starts fresh in an
+    empty --output-dir, continues from its checkpoint after a kill, ending with an uninterrupted
+    run's weights, and after the end says in one line that the run is complete, training nothing."""
+    root = tiny_imagefolder(str(tmp_path / "d"), per_class=12)
+    flags = ["--data", root, *TINY, "--epochs", "2", "--checkpoint-every", "2", "--resume", "auto"]
+    whole, broken = str(tmp_path / "whole"), str(tmp_path / "broken")
+    run(*flags, "--output-dir", whole)
+    assert records(whole, "resume") == []  # an empty folder: a fresh start
+    command = [sys.executable, SCRIPT, *flags, "--output-dir", broken]
+    saved = kill_after_mid_epoch_checkpoint(command, broken)
+    run(*flags, "--output-dir", broken)
+    (resumed,) = records(broken, "resume")
+    assert (resumed["epoch"], resumed["step"]) == (saved["epoch"], saved["step"])
+    a, b = final_weights(whole), final_weights(broken)
+    assert max((a[k].double() - b[k].double()).abs().max().item() for k in a) <= 1e-6
+    before = os.stat(os.path.join(broken, "checkpoint.pth")).st_mtime_ns
+    again = run(*flags, "--output-dir", broken)
+    assert (
+        again.stdout.strip()
+        .splitlines()[-1]
+        .endswith(
+            "its run is complete (2 of 2 epochs, best "
+            f"{max(r['val_top1'] for r in records(broken, 'epoch')):.3f}); nothing to train"
+        )
+    )
+    assert os.stat(os.path.join(broken, "checkpoint.pth")).st_mtime_ns == before
+    assert len(records(broken, "epoch")) == 2
+
+
+def test_resume_auto_needs_an_output_dir():
+    proc = run("--data", "x", "--resume", "auto", check=False)
+    assert proc.returncode == 2 and proc.stderr.startswith("error: --resume auto continues the run")

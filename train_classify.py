@@ -234,7 +234,7 @@ def describe(metrics):
 
 def main(args):
     world = training.setup_distributed(args)  # torchrun's ranks; this process's device
-    ckpt = training.load_checkpoint(args.resume) if args.resume else None
+    ckpt = training.checkpoint_to_resume(args)  # --resume's, or --output-dir's with auto
     locate_data(args, world)  # builds the demo set, or checks --data
     log = training.open_run(args, world, ckpt, RUNS_DIR)  # the run folder, locked, and its log
     loaders = build_loaders(args, world, ckpt, log)  # DALI pipelines over this process's shard

@@ -4,7 +4,7 @@ train_segment.py.
     processes and devices   setup_distributed, autocast, all_reduce_sum, sync_buffers
     model and optimizer     prepare_model (DDP, EMA, optimizer, schedule, scaler), load_weights
     run folder and log      open_run: the run's folder, locked; its log (stdout, metrics.jsonl)
-    checkpoints             Checkpoints (atomic save), load_checkpoint, check_resumable, resume
+    checkpoints             Checkpoints (atomic save), checkpoint_to_resume, check_resumable, resume
     the loop's bookkeeping  StepLog: data wait, NaN checks, the windowed all-reduce, ETA, saves
     stopping and exiting    StopSignals (SIGTERM, SIGINT, SIGUSR1), run_main
 
@@ -85,8 +85,17 @@ def setup_distributed(args):
     if args.sync_bn and not cuda and not args.evaluate:
         raise UsageError("--sync-bn: SyncBatchNorm trains on CUDA devices only")
     if world.distributed:
-        backend = "nccl" if cuda else "gloo"
-        dist.init_process_group(backend, device_id=world.device if cuda else None)
+        # The workers that torchrun restarts (--max-restarts) would find their predecessors'
+        # addresses in the launcher's store, which outlives them: each attempt keeps its own keys.
+        store, _, _ = next(dist.rendezvous("env://"))
+        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        dist.init_process_group(
+            "nccl" if cuda else "gloo",
+            store=dist.PrefixStore(f"attempt{attempt}", store),
+            rank=world.rank,
+            world_size=world.size,
+            device_id=world.device if cuda else None,
+        )
     return world
 
 
@@ -492,6 +501,20 @@ def write_checkpoint(ckpt, path):
         ) from None
 
 
+class RunComplete(Exception):
+    """The run to resume has trained every epoch: nothing is left to do (a requeue after its end)."""
+
+
+def checkpoint_to_resume(args):
+    """The checkpoint --resume names, loaded, or None. ``--resume auto``: --output-dir's
+    checkpoint.pth (every save rewrites it: the newest), or None where there is none, a fresh
+    start; --resume then names the file."""
+    if args.resume == "auto":
+        path = os.path.join(args.output_dir, "checkpoint.pth")
+        args.resume = path if os.path.isfile(path) else ""
+    return load_checkpoint(args.resume) if args.resume else None
+
+
 def load_checkpoint(path):
     if not os.path.isfile(path):
         raise UsageError(f"--resume {path}: no such checkpoint file")
@@ -555,6 +578,11 @@ def resume(ckpt, args, world, state, steps, log):
         start_epoch, first_step = ckpt["epoch"] + 1, 0
     else:
         start_epoch, first_step = ckpt["epoch"], ckpt["step"]
+    if start_epoch > args.epochs:
+        raise RunComplete(
+            f"--resume {args.resume}: its run is complete ({ckpt['epoch']} of {args.epochs} "
+            f"epochs, best {ckpt['best']:.3f}); nothing to train"
+        )
     log(
         {"type": "resume", "epoch": start_epoch, "step": first_step},
         f"resumed from {args.resume}: epoch {start_epoch}, after step {first_step} of {steps}",
@@ -754,12 +782,15 @@ class StopSignals:
 
 
 def run_main(main, args):
-    """``main(args)``, ended as a training script ends: a ``UsageError`` or ``DataError`` as one
-    ``error:`` line and exit status 2, Ctrl-C as one line and 130, anything else as its traceback
+    """``main(args)``, ended as a training script ends: a run already complete as one line and
+    exit status 0, a ``UsageError`` or ``DataError`` as one ``error:`` line and exit status 2, Ctrl-C as one line and 130, anything else as its traceback
     and 1; a run folder of a start that failed before training removed; the process group
     destroyed."""
     try:
         main(args)
+    except RunComplete as e:  # every process finds it so: no collective is waiting
+        if not dist.is_initialized() or dist.get_rank() == 0:
+            print(e, flush=True)
     except (Exception, KeyboardInterrupt) as e:
         for folder in _unstarted:
             shutil.rmtree(folder, ignore_errors=True)
