@@ -1198,3 +1198,33 @@ def test_resume_auto_continues_the_same_command_and_a_finished_run_is_not_traine
 def test_resume_auto_needs_an_output_dir():
     proc = run("--data", "x", "--resume", "auto", check=False)
     assert proc.returncode == 2 and proc.stderr.startswith("error: --resume auto continues the run")
+
+
+def test_a_torn_last_record_never_stops_a_resume(tmp_path):
+    """A kill while a record was being appended leaves half a line in metrics.jsonl (an editor,
+    an empty one): the resume drops it and goes on."""
+    root, out = tiny_imagefolder(str(tmp_path / "d")), str(tmp_path / "o")
+    tiny_run(root, out)
+    with open(os.path.join(out, "metrics.jsonl"), "a") as f:
+        f.write('\n{"type": "train", "epoch": 2, "st')
+    tiny_run(root, out, "--epochs", "2", "--resume", os.path.join(out, "checkpoint.pth"))
+    with open(os.path.join(out, "metrics.jsonl")) as f:
+        kept = [json.loads(line) for line in f]  # every line a whole record
+    assert [r["epoch"] for r in kept if r["type"] == "epoch"] == [1, 2]
+
+
+@pytest.mark.parametrize(
+    "drop, named", [(("world_size", "rng"), "lacks rng, world_size"), (("dali",), "no DALI state")]
+)
+def test_a_checkpoint_lacking_what_a_resume_needs_is_named_in_one_line(tmp_path, drop, named):
+    root, out = tiny_imagefolder(str(tmp_path / "d")), str(tmp_path / "o")
+    tiny_run(root, out)
+    path = os.path.join(out, "checkpoint.pth")
+    ckpt = torch.load(path, weights_only=True)
+    for key in drop:
+        ckpt.pop(key)
+    torch.save(ckpt, path)
+    proc = tiny_run(root, out, "--epochs", "2", "--resume", path, check=False)
+    assert_one_line_error(proc, f"--resume {path}: ", named)
+    # scoring it needs only its weights and classes
+    tiny_run(root, str(tmp_path / "e"), "--evaluate", "--resume", path)

@@ -366,6 +366,15 @@ def new_run_dir(runs_dir):
         n += 1
 
 
+def parsed_record(line):
+    """A metrics.jsonl line as its record, or None for a line that is not one whole record."""
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return None
+    return record if isinstance(record, dict) else None
+
+
 def tensorboard_writer(out):
     try:
         from torch.utils.tensorboard import SummaryWriter
@@ -405,10 +414,12 @@ def lock_run_dir(out, args, ckpt):
         )
     metrics = os.path.join(out, "metrics.jsonl")
     if continuing and not args.evaluate and os.path.exists(metrics):
-        # the steps after the checkpoint run again: their records go
+        # the steps after the checkpoint run again: their records go, and so does a record torn
+        # by a kill while it was being appended (or an empty line), which no resume should trip on
         with open(metrics) as f:
-            last = ckpt.get("global_step", math.inf)
-            kept = [r for r in f if json.loads(r).get("global_step", 0) <= last]
+            records = [parsed_record(line) for line in f]
+        last = ckpt.get("global_step", math.inf)
+        kept = [json.dumps(r) + "\n" for r in records if r and r.get("global_step", 0) <= last]
         with atomic_open(metrics, "w") as f:
             f.writelines(kept)
     elif not continuing and (args.overwrite or not previous) and os.path.exists(metrics):
@@ -505,14 +516,50 @@ class RunComplete(Exception):
     """The run to resume has trained every epoch: nothing is left to do (a requeue after its end)."""
 
 
+# What a checkpoint must hold to be resumed, or only scored (--evaluate).
+TO_RESUME = (
+    "model",
+    "optimizer",
+    "scheduler",
+    "scaler",
+    "epoch",
+    "step",
+    "best",
+    "classes",
+    "rng",
+    "num_samples",
+    "world_size",
+    "args",
+)
+TO_EVALUATE = ("model", "classes", "args")
+
+
 def checkpoint_to_resume(args):
     """The checkpoint --resume names, loaded, or None. ``--resume auto``: --output-dir's
     checkpoint.pth (every save rewrites it: the newest), or None where there is none, a fresh
-    start; --resume then names the file."""
+    start; --resume then names the file. A checkpoint that lacks what this run needs of it is
+    refused in one line that says what is missing."""
     if args.resume == "auto":
         path = os.path.join(args.output_dir, "checkpoint.pth")
         args.resume = path if os.path.isfile(path) else ""
-    return load_checkpoint(args.resume) if args.resume else None
+    if not args.resume:
+        return None
+    ckpt = load_checkpoint(args.resume)
+    needed = TO_EVALUATE if args.evaluate else TO_RESUME
+    missing = [key for key in needed if key not in ckpt]
+    missing += [f"args.{key}" for key in ("arch", "batch_size") if key not in ckpt.get("args", {})]
+    script = os.path.basename(sys.argv[0])
+    if missing:
+        raise UsageError(
+            f"--resume {args.resume}: lacks {', '.join(missing)}, which {script} writes in every "
+            f"checkpoint (an older version's or an edited file); start anew, or --weights it"
+        )
+    if not args.evaluate and args.loader == "dali" and not ckpt.get("dali"):
+        raise UsageError(
+            f"--resume {args.resume}: holds no DALI state (its run had --loader synthetic), so "
+            f"DALI cannot continue where it stopped; resume with --loader synthetic, or --weights it"
+        )
+    return ckpt
 
 
 def load_checkpoint(path):
@@ -523,10 +570,7 @@ def load_checkpoint(path):
     except Exception as e:
         why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise UsageError(f"--resume {path}: not a readable checkpoint ({why[:200]})") from None
-    if (
-        not isinstance(ckpt, dict)
-        or not {"model", "args", "epoch", "step", "classes"} <= ckpt.keys()
-    ):
+    if not isinstance(ckpt, dict) or not isinstance(ckpt.get("args"), dict):
         script = os.path.basename(sys.argv[0])
         raise UsageError(f"--resume {path}: not a checkpoint written by {script}")
     return ckpt
@@ -544,8 +588,10 @@ def check_resumable(ckpt, args, classes, num_samples, world_size):
         else:
             differs = f"class {k} is {theirs[k]!r} there and {classes[k]!r} in --data"
         raise UsageError(f"{where}: trained on other classes ({differs})")
+    if args.evaluate:  # scoring needs only the model and its classes
+        return
     then = (ckpt["world_size"], saved["batch_size"], ckpt["num_samples"])
-    if not args.evaluate and then != (world_size, args.batch_size, num_samples):
+    if then != (world_size, args.batch_size, num_samples):
         raise UsageError(
             f"{where}: taken with {then[0]} process(es) x batch {then[1]} on {then[2]} training "
             f"samples, this run has {world_size} x {args.batch_size} on {num_samples}; resume with "
