@@ -1228,3 +1228,13 @@ def test_a_checkpoint_lacking_what_a_resume_needs_is_named_in_one_line(tmp_path,
     assert_one_line_error(proc, f"--resume {path}: ", named)
     # scoring it needs only its weights and classes
     tiny_run(root, str(tmp_path / "e"), "--evaluate", "--resume", path)
+
+
+def test_srun_tasks_without_torchrun_are_refused_in_one_line(tmp_path):
+    """srun -n 4 python train_classify.py: four processes with SLURM's variables and none of
+    torchrun's would each train alone, world size 1."""
+    env = {**CPU_ENV, "SLURM_NTASKS": "4", "SLURM_PROCID": "2"}
+    root = tiny_imagefolder(str(tmp_path / "d"))
+    proc = run("--data", root, *TINY, cwd=str(tmp_path), env=env, check=False)
+    assert_one_line_error(proc, "SLURM started 4 tasks (SLURM_NTASKS) without torchrun's RANK")
+    assert not os.path.exists(tmp_path / "runs")

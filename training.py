@@ -51,6 +51,7 @@ def setup_distributed(args):
 
     Returns ``world``: ``rank``, ``local_rank``, ``size``, ``distributed`` (under torchrun),
     ``main`` (the one process that writes logs and checkpoints) and ``device``."""
+    refuse_tasks_without_torchrun()
     env = {
         k: int(os.environ.get(k, d)) for k, d in (("RANK", 0), ("LOCAL_RANK", 0), ("WORLD_SIZE", 1))
     }
@@ -97,6 +98,18 @@ def setup_distributed(args):
             device_id=world.device if cuda else None,
         )
     return world
+
+
+def refuse_tasks_without_torchrun():
+    """``srun -n N python train_*.py`` starts N processes that know nothing of each other: N runs
+    of world size 1 in one folder. One line says to start torchrun instead."""
+    tasks = int(os.environ.get("SLURM_NTASKS", 1))
+    if tasks > 1 and "RANK" not in os.environ:
+        raise UsageError(
+            f"SLURM started {tasks} tasks (SLURM_NTASKS) without torchrun's RANK and WORLD_SIZE: "
+            f"each would train alone; start one task per node that runs torchrun "
+            f"(srun --ntasks-per-node=1 torchrun --nproc_per_node=GPUS ...)"
+        )
 
 
 def autocast(args, device):
