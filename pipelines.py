@@ -104,6 +104,8 @@ class _ClassifyPipeline(Pipeline):
         prefetch_queue_depth=2,
         **pipeline_kwargs,
     ):
+        positive_int("batch_size", batch_size)
+        positive_int("crop_size", crop_size)
         pipeline_kwargs = cpu_concurrency(device_id, pipeline_kwargs)
         super().__init__(
             batch_size,
@@ -205,6 +207,9 @@ class ClassifyTrainPipeline(_ClassifyPipeline):
         random_erase=0.0,
         **kwargs,
     ):
+        probability("random_erase", random_erase)
+        value_range("random_area", random_area, high=1.0)
+        value_range("random_aspect_ratio", random_aspect_ratio)
         # DALI's GPU Erase has no float16 kernel: erase the float32 image, then cast it.
         cast_after_erase = random_erase and dtype == "float16"
         if cast_after_erase:
@@ -386,6 +391,8 @@ class SegmentValPipeline(Pipeline):
         prefetch_queue_depth=2,
         **pipeline_kwargs,
     ):
+        positive_int("batch_size", batch_size)
+        size = image_size(size)
         pipeline_kwargs = cpu_concurrency(device_id, pipeline_kwargs)
         super().__init__(
             batch_size,
@@ -496,6 +503,8 @@ class SegmentValPipeline(Pipeline):
             return
         mean = np.atleast_1d(mean).astype(float).tolist()
         std = np.atleast_1d(std).astype(float).tolist()
+        if not (np.isfinite(mean + std).all() and min(std) > 0):
+            raise ValueError(f"std must be above 0 and mean finite, got mean={mean}, std={std}")
         if {len(mean), len(std)} - {1, self.channels}:
             raise ValueError(
                 f"mean and std need 1 or {self.channels} values each (the images have "
@@ -562,24 +571,22 @@ class SegmentTrainPipeline(SegmentValPipeline):
         contrast=(0.9, 1.1),
         **kwargs,
     ):
+        probability("flip_p", flip_p)
+        probability("noise_p", noise_p)
+        probability("blur_p", blur_p)
+        probability("brightness_p", brightness_p)
+        probability("contrast_p", contrast_p)
+        value_range("noise_std", noise_std)
+        value_range("blur_sigma", blur_sigma)
+        value_range("brightness", brightness)
+        value_range("contrast", contrast)
         super().__init__(batch_size, num_threads, device_id, imgs, lbls, **kwargs)
         device = "gpu" if self.on_gpu else "cpu"
         # (vertical, horizontal)
         self.flip_coins = ops.random.CoinFlip(probability=flip_p, shape=[2])
         self.as_float = ops.Cast(dtype=types.FLOAT)
         self.noise_coin = ops.random.CoinFlip(probability=noise_p, dtype=types.BOOL)
-        self.noise_draws = [ops.random.Uniform(range=list(noise_std))]  # the stddev
-        if self.on_gpu:
-            gaussian = ops.noise.Gaussian(device=device)
-            self.add_noise = lambda image, stddev: gaussian(image, stddev=stddev)
-        else:
-            # torch's normal generator, much faster than DALI's CPU one, seeded from a DALI draw
-            # (below 2**47, see add_gaussian_noise): the seed and checkpoints decide the noise.
-            self.noise_draws.append(ops.random.Uniform(range=[0.0, 2.0**47], dtype=types.FLOAT64))
-            noise = functools.partial(add_gaussian_noise, self.torch_threads)
-            self.add_noise = ops.PythonFunction(
-                function=noise, num_outputs=1, batch_processing=True, output_layouts="CHW"
-            )
+        self.build_noise(noise_std)
         self.blur_coin = ops.random.CoinFlip(probability=blur_p, dtype=types.BOOL)
         self.blur_sigma = ops.random.Uniform(range=list(blur_sigma))
         gaussian_blur = ops.GaussianBlur(device=device)
@@ -595,6 +602,20 @@ class SegmentTrainPipeline(SegmentValPipeline):
         self.split = ops._conditional.Split(device=device)
         self.split_draw = ops._conditional.Split(device="cpu")
         self.merge = ops._conditional.Merge(device=device)
+
+    def build_noise(self, noise_std):
+        self.noise_draws = [ops.random.Uniform(range=list(noise_std))]  # the stddev
+        if self.on_gpu:
+            gaussian = ops.noise.Gaussian(device="gpu")
+            self.add_noise = lambda image, stddev: gaussian(image, stddev=stddev)
+            return
+        # torch's normal generator, much faster than DALI's CPU one, seeded from a DALI draw
+        # (below 2**47, see add_gaussian_noise): the seed and checkpoints decide the noise.
+        self.noise_draws.append(ops.random.Uniform(range=[0.0, 2.0**47], dtype=types.FLOAT64))
+        noise = functools.partial(add_gaussian_noise, self.torch_threads)
+        self.add_noise = ops.PythonFunction(
+            function=noise, num_outputs=1, batch_processing=True, output_layouts="CHW"
+        )
 
     def define_graph(self):
         image, mask = self.read()
@@ -755,6 +776,38 @@ def choice(name, value, allowed):
     if value not in allowed:
         raise ValueError(f"{name} must be {' or '.join(map(repr, allowed))}, got {value!r}")
     return allowed[value]
+
+
+def positive_int(name, value):
+    """``value``, a whole number of at least 1, or a ValueError naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"{name} must be a whole number of at least 1, got {value!r}")
+    return int(value)
+
+
+def image_size(size):
+    """(height, width) from ``size``: one whole number (a square) or two."""
+    pair = (size, size) if isinstance(size, (int, np.integer)) else tuple(size)
+    if len(pair) != 2:
+        raise ValueError(f"size must be (height, width) or one number, got {size!r}")
+    return tuple(positive_int("size", side) for side in pair)
+
+
+def probability(name, value):
+    if not (isinstance(value, (int, float)) and 0 <= value <= 1):
+        raise ValueError(f"{name} must be a probability in [0, 1], got {value!r}")
+
+
+def value_range(name, bounds, high=math.inf):
+    """A ValueError naming ``name`` unless ``bounds`` is (low, high) with 0 <= low <= high, both
+    finite, and high at most ``high``."""
+    try:
+        low_value, high_value = (float(v) for v in bounds)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a (low, high) pair, got {bounds!r}") from None
+    if not (0 <= low_value <= high_value <= high and math.isfinite(high_value)):
+        limit = f", at most {high}" if math.isfinite(high) else ""
+        raise ValueError(f"{name} must be (low, high) with 0 <= low <= high{limit}, got {bounds!r}")
 
 
 def env_int(name, default):

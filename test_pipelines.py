@@ -910,6 +910,51 @@ def test_mean_of_the_wrong_length(seg_files):
         fetch_dali_loader(*seg_files, batch_size=2, mode="eval", mean=[0, 0], std=[1, 1])
 
 
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(mean=[0.5], std=[0.0]), r"std must be above 0 and mean finite, got mean=\[0.5\], std=\[0.0\]"),
+        (dict(mean=[float("nan")], std=[1.0]), r"std must be above 0 and mean finite"),
+        (dict(flip_p=2.0), r"flip_p must be a probability in \[0, 1\], got 2.0"),
+        (dict(noise_std=(0.3, 0.1)), r"noise_std must be \(low, high\) with 0 <= low <= high, got \(0.3, 0.1\)"),
+        (dict(size=(64, 0)), r"size must be a whole number of at least 1, got 0"),
+        (dict(size=(1, 2, 3)), r"size must be \(height, width\) or one number, got \(1, 2, 3\)"),
+    ],
+)  # fmt: skip
+def test_bad_segmentation_arguments_are_named_before_dali_builds(seg_files, kwargs, message):
+    """What a researcher calls from a notebook is checked as the trainers check their flags."""
+    with pytest.raises(ValueError, match=message):
+        fetch_dali_loader(*seg_files, batch_size=2, mode="train", device_id=None, **kwargs)
+
+
+def test_a_segmentation_size_of_one_number_is_a_square(seg_files):
+    pipe = fetch_dali_loader(*seg_files, batch_size=2, mode="eval", device_id=None, size=32)
+    batch = next(iter(segment_iterator(pipe)))[0]
+    assert batch["image"].shape[-2:] == (32, 32) and batch["mask"].shape[-2:] == (32, 32)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(random_erase=1.5), r"random_erase must be a probability in \[0, 1\], got 1.5"),
+        (dict(random_area=(0.5, 2.0)), r"random_area must be \(low, high\) with 0 <= low <= high, at most 1.0"),
+        (dict(crop_size=0), r"crop_size must be a whole number of at least 1, got 0"),
+    ],
+)  # fmt: skip
+def test_bad_classification_arguments_are_named_before_dali_builds(solid_folder, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        ClassifyTrainPipeline(4, 1, None, str(solid_folder), **kwargs)
+
+
+@pytest.mark.parametrize("batch_size", [0, 2.5])
+def test_a_batch_size_below_one_or_not_whole_is_named(seg_files, solid_folder, batch_size):
+    expected = f"batch_size must be a whole number of at least 1, got {batch_size}"
+    with pytest.raises(ValueError, match=re.escape(expected)):
+        fetch_dali_loader(*seg_files, batch_size=batch_size, mode="eval", device_id=None)
+    with pytest.raises(ValueError, match=re.escape(expected)):
+        ClassifyValPipeline(batch_size, 1, None, str(solid_folder))
+
+
 def test_unknown_mode(seg_files):
     with pytest.raises(ValueError, match="mode must be one of train, eval, test, got 'predict'"):
         fetch_dali_loader(*seg_files, batch_size=2, mode="predict")

@@ -526,7 +526,8 @@ def write_checkpoint(ckpt, path):
 
 
 class RunComplete(Exception):
-    """The run to resume has trained every epoch: nothing is left to do (a requeue after its end)."""
+    """The run to resume has trained every epoch: nothing is left to do (a requeue after its
+    end)."""
 
 
 # What a checkpoint must hold to be resumed, or only scored (--evaluate).
@@ -570,7 +571,8 @@ def checkpoint_to_resume(args):
     if not args.evaluate and args.loader == "dali" and not ckpt.get("dali"):
         raise UsageError(
             f"--resume {args.resume}: holds no DALI state (its run had --loader synthetic), so "
-            f"DALI cannot continue where it stopped; resume with --loader synthetic, or --weights it"
+            f"DALI cannot continue where it stopped; resume with --loader synthetic, "
+            f"or --weights it"
         )
     return ckpt
 
@@ -842,9 +844,9 @@ class StopSignals:
 
 def run_main(main, args):
     """``main(args)``, ended as a training script ends: a run already complete as one line and
-    exit status 0, a ``UsageError`` or ``DataError`` as one ``error:`` line and exit status 2, Ctrl-C as one line and 130, anything else as its traceback
-    and 1; a run folder of a start that failed before training removed; the process group
-    destroyed."""
+    exit status 0, a ``UsageError`` or ``DataError`` as one ``error:`` line and exit status 2,
+    Ctrl-C as one line and 130, anything else as its traceback and 1; a run folder of a start
+    that failed before training removed; the process group destroyed."""
     try:
         main(args)
     except RunComplete as e:  # every process finds it so: no collective is waiting
