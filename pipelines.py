@@ -104,8 +104,6 @@ class _ClassifyPipeline(Pipeline):
         prefetch_queue_depth=2,
         **pipeline_kwargs,
     ):
-        positive_int("batch_size", batch_size)
-        positive_int("crop_size", crop_size)
         pipeline_kwargs = cpu_concurrency(device_id, pipeline_kwargs)
         super().__init__(
             batch_size,
@@ -115,6 +113,9 @@ class _ClassifyPipeline(Pipeline):
             prefetch_queue_depth=prefetch_queue_depth,
             **pipeline_kwargs,
         )
+        # Arguments are checked once the Pipeline exists: a half-built one cannot be cleaned up.
+        positive_int("batch_size", batch_size)
+        positive_int("crop_size", crop_size)
         self.build_decoder_args(
             device_id, hw_decoder_load, device_memory_padding, host_memory_padding, decoder_cache
         )
@@ -207,9 +208,6 @@ class ClassifyTrainPipeline(_ClassifyPipeline):
         random_erase=0.0,
         **kwargs,
     ):
-        probability("random_erase", random_erase)
-        value_range("random_area", random_area, high=1.0)
-        value_range("random_aspect_ratio", random_aspect_ratio)
         # DALI's GPU Erase has no float16 kernel: erase the float32 image, then cast it.
         cast_after_erase = random_erase and dtype == "float16"
         if cast_after_erase:
@@ -224,6 +222,9 @@ class ClassifyTrainPipeline(_ClassifyPipeline):
             dtype=dtype,
             **kwargs,
         )
+        probability("random_erase", random_erase)
+        value_range("random_area", random_area, high=1.0)
+        value_range("random_aspect_ratio", random_aspect_ratio)
         crop = dict(
             random_area=list(random_area),
             random_aspect_ratio=list(random_aspect_ratio),
@@ -391,8 +392,6 @@ class SegmentValPipeline(Pipeline):
         prefetch_queue_depth=2,
         **pipeline_kwargs,
     ):
-        positive_int("batch_size", batch_size)
-        size = image_size(size)
         pipeline_kwargs = cpu_concurrency(device_id, pipeline_kwargs)
         super().__init__(
             batch_size,
@@ -402,6 +401,9 @@ class SegmentValPipeline(Pipeline):
             prefetch_queue_depth=prefetch_queue_depth,
             **pipeline_kwargs,
         )
+        # Arguments are checked once the Pipeline exists: a half-built one cannot be cleaned up.
+        positive_int("batch_size", batch_size)
+        size = image_size(size)
         image, mask = check_segmentation_files(imgs, lbls)  # (shape, dtype) of each, from headers
         if image[1].kind == "f":
             if found := first_nonfinite(list(imgs)[shard_id::num_shards], num_threads):
@@ -571,6 +573,7 @@ class SegmentTrainPipeline(SegmentValPipeline):
         contrast=(0.9, 1.1),
         **kwargs,
     ):
+        super().__init__(batch_size, num_threads, device_id, imgs, lbls, **kwargs)
         probability("flip_p", flip_p)
         probability("noise_p", noise_p)
         probability("blur_p", blur_p)
@@ -580,7 +583,6 @@ class SegmentTrainPipeline(SegmentValPipeline):
         value_range("blur_sigma", blur_sigma)
         value_range("brightness", brightness)
         value_range("contrast", contrast)
-        super().__init__(batch_size, num_threads, device_id, imgs, lbls, **kwargs)
         device = "gpu" if self.on_gpu else "cpu"
         # (vertical, horizontal)
         self.flip_coins = ops.random.CoinFlip(probability=flip_p, shape=[2])
