@@ -111,6 +111,27 @@ def torchrun(tmp_path, *flags, port, script=None, nproc=2, env=CPU_ENV):
     )
 
 
+# A small, quick run on the CPU: the flags of the tests that start train_classify.py themselves.
+TINY_RUN = [
+    "--arch",
+    "resnet18",
+    "--train-crop-size",
+    "32",
+    "--val-crop-size",
+    "32",
+    "--val-resize-size",
+    "32",
+    "--batch-size",
+    str(BATCH),
+    "--workers",
+    "1",
+    "--dali-device",
+    "cpu",
+    "--print-freq",
+    "1",
+]
+
+
 def make_data(root):
     for split, n in (("train", N_TRAIN), ("val", N_VAL)):
         for i in range(n):
@@ -302,22 +323,7 @@ def test_sigterm_stops_every_rank_at_one_step_with_one_checkpoint(tmp_path):
         os.path.join(HERE, "train_classify.py"),
         "--data",
         str(tmp_path / "data"),
-        "--arch",
-        "resnet18",
-        "--train-crop-size",
-        "32",
-        "--val-crop-size",
-        "32",
-        "--val-resize-size",
-        "32",
-        "--batch-size",
-        "4",
-        "--workers",
-        "1",
-        "--dali-device",
-        "cpu",
-        "--print-freq",
-        "1",
+        *TINY_RUN,
         "--epochs",
         "1",
         "--output-dir",
@@ -395,22 +401,7 @@ def test_torchrun_restarts_a_killed_worker_and_the_job_ends_as_an_uninterrupted_
     flags = [
         "--data",
         str(tmp_path / "data"),
-        "--arch",
-        "resnet18",
-        "--train-crop-size",
-        "32",
-        "--val-crop-size",
-        "32",
-        "--val-resize-size",
-        "32",
-        "--batch-size",
-        str(BATCH),
-        "--workers",
-        "1",
-        "--dali-device",
-        "cpu",
-        "--print-freq",
-        "1",
+        *TINY_RUN,
         "--epochs",
         "2",
         "--checkpoint-every",
