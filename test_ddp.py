@@ -3,6 +3,7 @@ step on every rank sees full batches of real images only, validation sees every 
 job shuts down cleanly, also when one rank fails; the segmentation trainer's logged Dice is its checkpoint's.
 On a machine with GPUs, more processes than GPUs are refused with one line."""
 
+import functools
 import json
 import os
 import signal
@@ -305,9 +306,14 @@ def test_more_processes_than_gpus_is_refused_with_one_line(tmp_path):
     )
 
 
-def test_sigterm_stops_every_rank_at_one_step_with_one_checkpoint(tmp_path):
-    """torchrun forwards SIGTERM (a preemption) to every process: they agree on one step, rank 0 saves the checkpoint
-    of that step with both ranks' DALI and random state, says so once, and the run resumes from it."""
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGUSR1])
+def test_a_stop_signal_to_the_launcher_stops_every_rank_at_one_step_with_one_checkpoint(
+    tmp_path, signum
+):
+    """launch.py passes SIGTERM (a preemption) and SIGUSR1 (SLURM's warning) on to every process:
+    they agree on one step, rank 0 saves the checkpoint of that step with both ranks' DALI and
+    random state, says so once, the launcher exits 128 + the signal without a traceback, and the
+    run resumes from it."""
     for split, n in (("train", 160), ("val", 8)):
         for i in range(n):
             os.makedirs(tmp_path / "data" / split / f"c{i % 2}", exist_ok=True)
@@ -316,8 +322,7 @@ def test_sigterm_stops_every_rank_at_one_step_with_one_checkpoint(tmp_path):
             )
     cmd = [
         sys.executable,
-        "-m",
-        "torch.distributed.run",
+        os.path.join(HERE, "launch.py"),
         "--nproc_per_node=2",
         "--master_port=29522",
         os.path.join(HERE, "train_classify.py"),
@@ -340,20 +345,21 @@ def test_sigterm_stops_every_rank_at_one_step_with_one_checkpoint(tmp_path):
     ):
         assert proc.poll() is None and time.time() < deadline, proc.stderr.read()[-3000:]
         time.sleep(0.01)
-    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(signum)
     stderr = proc.communicate(timeout=300)[1]
+    assert proc.returncode == 128 + signum and "Traceback" not in stderr, stderr[-3000:]
     ckpt = torch.load(tmp_path / "out" / "checkpoint.pth", weights_only=True)
     assert (
         ckpt["world_size"] == 2
         and len(ckpt["dali"]) == len(ckpt["rng"]) == len(ckpt["loss_sum"]) == 2
     )
     assert 2 <= ckpt["step"] < 20  # 80 samples a rank, batch 4
-    assert stderr.count("stopped by SIGTERM at epoch 1 step") == 1, stderr[-3000:]
+    assert stderr.count(f"stopped by {signum.name} at epoch 1 step") == 1, stderr[-3000:]
     assert f"step {ckpt['step']}: saved {tmp_path / 'out' / 'checkpoint.pth'}" in stderr
     resumed = subprocess.run(
-        cmd[:4]
+        cmd[:3]
         + ["--master_port=29523"]
-        + cmd[5:]
+        + cmd[4:]
         + ["--resume", str(tmp_path / "out" / "checkpoint.pth")],
         cwd=HERE,
         capture_output=True,
@@ -459,3 +465,55 @@ def test_torchrun_restarts_a_killed_worker_and_the_job_ends_as_an_uninterrupted_
     assert "its run is complete (2 of 2 epochs" in again.stdout and steps("broken") == steps(
         "whole"
     )
+
+
+# Runs train_classify.py, unchanged, with rank 0 sending SIGTERM to the launcher (which passes it
+# on to both ranks) as the first epoch's validation begins.
+STOP_IN_VALIDATION = """
+import os, runpy, signal, sys
+sys.path.insert(0, {here!r})
+import training
+stoppable = training.StepLog.stoppable
+
+def signal_first(self, batches):
+    if os.environ["RANK"] == "0" and self.epoch_no == 1:
+        os.kill(os.getppid(), signal.SIGTERM)
+    yield from stoppable(self, batches)
+
+training.StepLog.stoppable = signal_first
+sys.argv = [os.path.join({here!r}, "train_classify.py")] + sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def test_a_stop_signal_during_validation_stops_it_and_saves_the_epoch(tmp_path):
+    """A stop during validation does not wait for the whole pass (it can outlast the grace period
+    before SIGKILL): both ranks stop at one batch, the epoch's last step is saved, and a resume
+    goes on with the next epoch."""
+    for split, n in (("train", 32), ("val", 160)):
+        for i in range(n):
+            os.makedirs(tmp_path / "data" / split / f"c{i % 2}", exist_ok=True)
+            Image.fromarray(np.full((64, 80, 3), (i % 250, 90, 160), np.uint8)).save(
+                tmp_path / "data" / split / f"c{i % 2}" / f"{i}.png"
+            )
+    script = tmp_path / "stop_in_validation.py"
+    script.write_text(STOP_IN_VALIDATION.format(here=HERE))
+    out = tmp_path / "out"
+    flags = ["--data", str(tmp_path / "data"), *TINY_RUN, "--epochs", "2", "--output-dir", str(out)]
+    launch = [sys.executable, os.path.join(HERE, "launch.py"), "--standalone", "--nproc_per_node=2"]
+    run = functools.partial(
+        subprocess.run, cwd=HERE, capture_output=True, text=True, timeout=600, env=CPU_ENV
+    )
+    stopped = run([*launch, str(script), *flags])
+    assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr[-3000:]
+    assert stopped.stderr.count("stopped by SIGTERM at epoch 1 step 4 in validation: saved") == 1
+    ckpt = torch.load(out / "checkpoint.pth", weights_only=True)
+    assert (ckpt["epoch"], ckpt["step"]) == (1, 4)  # 16 samples a rank, batch 4
+    with open(out / "metrics.jsonl") as f:
+        assert not [r for r in map(json.loads, f) if r["type"] == "epoch"]  # the pass was cut
+    resumed = run([*launch, os.path.join(HERE, "train_classify.py"), *flags, "--resume", "auto"])
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    with open(out / "metrics.jsonl") as f:
+        records = list(map(json.loads, f))
+    assert [(r["epoch"], r["step"]) for r in records if r["type"] == "resume"] == [(2, 0)]
+    assert [r["epoch"] for r in records if r["type"] == "epoch"] == [2]

@@ -1,0 +1,24 @@
+"""torchrun, as a cluster job needs it: every stop signal reaches the workers, and the launcher
+ends as a single process does.
+
+    python launch.py --standalone --nproc_per_node=8 train_classify.py --data /data/imagenet ...
+
+It takes torchrun's own flags. Plain torchrun dies at once on SIGUSR1 (SLURM's --signal=USR1@120),
+leaving its workers to train on, and after a SIGTERM it exits 1 with a traceback. Here SIGUSR1 is
+passed on as SIGTERM is, each worker saves its stop checkpoint (training.StopSignals), and the exit
+status is 128 + the signal, which a batch script can requeue on.
+"""
+
+import os
+import sys
+
+from torch.distributed.elastic.multiprocessing.api import SignalException
+from torch.distributed.run import main
+
+if __name__ == "__main__":
+    # torchrun's --signals-to-handle default, read from its PET_ variable, with SIGUSR1 added
+    os.environ.setdefault("PET_SIGNALS_TO_HANDLE", "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1")
+    try:
+        main()
+    except SignalException as e:  # the workers have had the signal and have ended
+        sys.exit(128 + e.sigval)
