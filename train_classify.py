@@ -216,13 +216,13 @@ def evaluate(model, batches, args, device):
     return {"val_top1": 100 * correct1 / count, "val_top5": 100 * correct5 / count}
 
 
-def validate(state, loaders, args, device):
+def validate(state, loaders, args, device, step_log):
     """(the epoch's validation record, its log line) for the model and its EMA."""
     model, model_ema = state["model"], state["model_ema"]
-    metrics = evaluate(model, loaders.val_batches(), args, device)
+    metrics = evaluate(model, step_log.stoppable(loaders.val_batches()), args, device)
     record, line = metrics, describe(metrics)
     if model_ema is not None:
-        ema_metrics = evaluate(model_ema, loaders.val_batches(), args, device)
+        ema_metrics = evaluate(model_ema, step_log.stoppable(loaders.val_batches()), args, device)
         record = {**record, **{f"ema_{k}": v for k, v in ema_metrics.items()}}
         line += f"  EMA {describe(ema_metrics)}"
     return record, line
@@ -278,7 +278,7 @@ def main(args):
         )
         first_step, loss_sum = 0, 0.0
         training.sync_buffers(model_without_ddp, model_ema)
-        metrics, line = validate(state, loaders, args, world.device)
+        metrics, line = validate(state, loaders, args, world.device, step_log)
         path = checkpoints.save(epoch, loaders.steps, score=metrics["val_top1"])
         log.epoch_end(epoch, loaders.steps, train_loss, metrics, line, time.perf_counter() - start)
         if signum := stop.agree()[0]:

@@ -259,14 +259,16 @@ def evaluate(model, batches, args, device):
     return metrics, first
 
 
-def validate(state, loaders, args, device):
+def validate(state, loaders, args, device, step_log):
     """(the epoch's validation record, its log line, the first batch for the overlay) for the
     model and its EMA."""
     model, model_ema = state["model"], state["model_ema"]
-    metrics, first = evaluate(model, loaders.val_batches(), args, device)
+    metrics, first = evaluate(model, step_log.stoppable(loaders.val_batches()), args, device)
     record, line = metrics, describe(metrics)
     if model_ema is not None:
-        ema_metrics, _ = evaluate(model_ema, loaders.val_batches(), args, device)
+        ema_metrics, _ = evaluate(
+            model_ema, step_log.stoppable(loaders.val_batches()), args, device
+        )
         record = {**record, **{f"ema_{k}": v for k, v in ema_metrics.items()}}
         line += f"  EMA {describe(ema_metrics)}"
     return record, line, first
@@ -317,7 +319,7 @@ def main(args):
         train_loss = train_one_epoch(model, criterion, state, steps, step_log, epoch, args)
         first_step, loss_sum = 0, 0.0
         training.sync_buffers(model_without_ddp, model_ema)
-        metrics, line, first = validate(state, loaders, args, world.device)
+        metrics, line, first = validate(state, loaders, args, world.device, step_log)
         path = checkpoints.save(epoch, loaders.steps, score=metrics["val_dice"])
         if world.main:
             save_overlay(

@@ -749,6 +749,17 @@ class StepLog:
             if signum:
                 StopSignals.exit(signum, path, self.epoch_no, step)
 
+    def stoppable(self, batches):
+        """Validation's ``batches``, ended by a stop signal as training's steps are: a full pass can
+        outlast a cluster's grace period before SIGKILL. The epoch's training is saved (its last
+        step's checkpoint: a resume goes on with the next epoch) and the process exits."""
+        for batch in batches:
+            yield batch
+            signum = self.stop.agree()[0] if self.stop else 0
+            if signum:
+                path = self.checkpoints.save(self.epoch_no, self.steps, self.loss_sum.item())
+                StopSignals.exit(signum, path, self.epoch_no, self.steps, " in validation")
+
     def write_line(self, step):
         # a sync point: the window's CUDA events have happened
         window_loss = self.window_loss.item()
@@ -830,11 +841,11 @@ class StopSignals:
         return agreed[0], bool(agreed[1])
 
     @staticmethod
-    def exit(signum, path, epoch, step):
+    def exit(signum, path, epoch, step, where=""):
         """After the stop's checkpoint: one line, and the exit status of the signal's end."""
         if path:  # the main process's
             print(
-                f"stopped by {signal.Signals(signum).name} at epoch {epoch} step {step}: saved "
+                f"stopped by {signal.Signals(signum).name} at epoch {epoch} step {step}{where}: saved "
                 f"{path}; to continue, run the same command with --resume {path}",
                 file=sys.stderr,
                 flush=True,
