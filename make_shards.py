@@ -195,11 +195,11 @@ def check_paths(src, dst):
         )
     if os.path.exists(dst) and not os.path.isdir(dst):
         raise DataError(f"{dst}: exists and is not a directory")
-    real_src, real_dst = os.path.realpath(src), os.path.realpath(dst)
-    if real_dst == real_src or any(
-        real_dst.startswith(os.path.join(real_src, s) + os.sep) for s in SPLITS
-    ):
-        raise DataError(f"{dst}: must not be SRC or inside SRC's train/ or val/")
+    # Shards, claim and manifest written among SRC's images would become part of what it trains on;
+    # real paths, so that a symlink does not hide the overlap.
+    real = os.path.realpath(src), os.path.realpath(dst)
+    if os.path.commonpath(real) in real:
+        raise DataError(f"{dst}: DST must not be SRC {src}, inside it or hold it")
 
 
 def our_files(dst, fmt):

@@ -87,6 +87,13 @@ def tar_pairs(path):
         ]
 
 
+def tree(root):
+    """{relative path: bytes} of every file under root, and its folders (as None)."""
+    return {
+        p.relative_to(root): None if p.is_dir() else p.read_bytes() for p in sorted(root.rglob("*"))
+    }
+
+
 def shards_of(folder):
     return sorted(p for p in folder.iterdir() if not p.name.endswith((".idx", ".idx.json", ".txt")))
 
@@ -397,7 +404,7 @@ def test_bad_input_is_one_error_line(src, tmp_path, capsys):
     )
     assert run_main(capsys, src, src, *fmt) == (
         2,
-        f"error: {src}: must not be SRC or inside SRC's train/ or val/",
+        f"error: {src}: DST must not be SRC {src}, inside it or hold it",
     )
     (tmp_path / "mine" / "train").mkdir(parents=True)
     (tmp_path / "mine" / "train" / "notes.md").write_text("keep me")
@@ -418,6 +425,17 @@ def test_bad_input_is_one_error_line(src, tmp_path, capsys):
         code, err = run_main(capsys, src, tmp_path / "dst", *fmt, flag, value)
         assert code == 2 and err.endswith(f"error: argument {flag}: must be {allowed}, got {value}")
     assert not (tmp_path / "dst").exists()
+
+
+def test_dst_inside_src_or_holding_it_is_refused_before_anything_is_written(src, tmp_path, capsys):
+    (tmp_path / "link").symlink_to(src / "train")
+    before = tree(tmp_path)
+    for dst in (src / "train", src / "val" / "zebra", src / "shards", tmp_path / "link", tmp_path):
+        assert run_main(capsys, src, dst, "--format", "wds") == (
+            2,
+            f"error: {dst}: DST must not be SRC {src}, inside it or hold it",
+        )
+    assert tree(tmp_path) == before  # no shard, claim or folder among SRC's images
 
 
 def test_rerun_in_the_other_format_is_refused(src, tmp_path, capsys):
