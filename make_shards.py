@@ -12,6 +12,7 @@ SRC holds ImageFolder trees ``train/<class>/<image>`` and ``val/<class>/<image>`
     DST/train/classes.txt                train's class names, one a line, in index order
     DST/val/...                          the same for val, labelled by train's class names
     DST/manifest.json                    written last: the set is complete
+    DST/.lock                            held while a run writes DST: a second run at once is refused
 
 The shards hold the original encoded files, byte for byte, in an order shuffled across classes with
 ``--seed``: DALI's shard readers shuffle only within a window, so the written order is what keeps a
@@ -33,6 +34,8 @@ never deleted. Bad input prints one ``error:`` line and exits with status 2.
 """
 
 import argparse
+import contextlib
+import fcntl
 import functools
 import hashlib
 import io
@@ -276,6 +279,32 @@ def claim_dst(dst, fmt, settings, digests, overwrite):
     return keep
 
 
+@contextlib.contextmanager
+def lock_dst(dst):
+    """DST's lock, held for the whole run: two runs at once into one DST would leave one's manifest
+    beside the other's claim and shards. Not one of the set's files (our_files looks only at
+    train/, val/ and the two .json files in DST), so neither a rerun nor --overwrite touches it."""
+    lock = os.path.join(dst, ".lock")
+    try:
+        os.makedirs(dst, exist_ok=True)
+        fd = os.open(lock, os.O_WRONLY | os.O_CREAT, 0o644)
+    except OSError as e:
+        raise DataError(f"{dst}: cannot write there ({e.strerror})") from None
+    try:
+        # The OS releases it however the process ends; forked workers share it while they write.
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise DataError(
+            f"{dst}: another make_shards.py is writing to it ({lock} is locked); wait for it or "
+            "pick another DST"
+        ) from None
+    try:
+        yield
+    finally:
+        os.close(fd)
+
+
 def make_shards(
     src, dst, fmt, shard_size, seed, *, max_size=None, quality=90, workers=1, overwrite=False
 ):
@@ -292,10 +321,12 @@ def make_shards(
         "quality": quality,
     }
     manifest, shards = plan_shards(src, settings)
-    keep = claim_dst(dst, fmt, settings, {s: contents(*shards[s]) for s in shards}, overwrite)
+    digests = {s: contents(*shards[s]) for s in shards}
     write = functools.partial(write_shard, fmt=fmt, max_size=max_size, quality=quality)
     # fork: workers start at once, without importing torch and DALI again (DALI runs on Linux only)
-    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:
+    fork = multiprocessing.get_context("fork")
+    with lock_dst(dst), ProcessPoolExecutor(workers, mp_context=fork) as pool:
+        keep = claim_dst(dst, fmt, settings, digests, overwrite)
         for split in SPLITS:
             folder = os.path.join(dst, split)
             os.makedirs(folder, exist_ok=True)
@@ -318,8 +349,8 @@ def make_shards(
             written = f"{manifest['splits'][split]['samples']} images in {len(mine)} {fmt} shards"
             reused = f" ({len(kept)} kept from an earlier run)" if kept else ""
             print(f"{folder}: {written}{reused}")
-    with atomic_open(os.path.join(dst, "manifest.json"), "w") as f:
-        json.dump(manifest, f, indent=1)
+        with atomic_open(os.path.join(dst, "manifest.json"), "w") as f:
+            json.dump(manifest, f, indent=1)
     return manifest
 
 

@@ -2,6 +2,7 @@
 here with independent readers (struct for TFRecord framing, tarfile for WebDataset); that DALI's
 readers give the same (image, label) pairs is tested in test_pipelines.py."""
 
+import fcntl
 import functools
 import io
 import json
@@ -165,9 +166,9 @@ def test_the_bytes_do_not_depend_on_the_number_of_workers(src, tmp_path, fmt):
         }
 
     one, two = written("one", 1), written("two", 2)
-    assert len(one) == 2 + (2 * 6 + 1) + (
+    assert len(one) == 3 + (2 * 6 + 1) + (
         2 * 2 + 1
-    )  # claim, manifest; train's and val's shards, indexes, classes
+    )  # claim, manifest, .lock; train's and val's shards, indexes, classes
     assert any(b"JFIF" in data for data in one.values()) and any(
         b"\x89PNG" in data for data in one.values()
     )
@@ -436,6 +437,24 @@ def test_dst_inside_src_or_holding_it_is_refused_before_anything_is_written(src,
             f"error: {dst}: DST must not be SRC {src}, inside it or hold it",
         )
     assert tree(tmp_path) == before  # no shard, claim or folder among SRC's images
+
+
+def test_a_dst_another_run_writes_to_is_refused_and_its_lock_kept(src, tmp_path, capsys):
+    dst = tmp_path / "dst"
+    make_shards(str(src), str(dst), "wds", shard_size=5, seed=0)
+    with open(dst / ".lock", "a") as lock:  # what another make_shards.py holds while it writes
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        before = tree(dst)
+        for flags in ((), ("--shard-size", "2", "--overwrite")):
+            assert run_main(capsys, src, dst, "--format", "wds", "--shard-size", "5", *flags) == (
+                2,
+                f"error: {dst}: another make_shards.py is writing to it ({dst / '.lock'} is "
+                f"locked); wait for it or pick another DST",
+            )
+        assert tree(dst) == before
+    main([str(src), str(dst), "--format", "wds", "--shard-size", "2", "--overwrite"])
+    assert (dst / ".lock").exists() and len(shards_of(dst / "train")) == 6
+    main([str(src), str(dst), "--format", "wds", "--shard-size", "2"])  # not a file of another set
 
 
 def test_rerun_in_the_other_format_is_refused(src, tmp_path, capsys):
