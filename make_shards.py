@@ -156,14 +156,36 @@ def write_tar(f, samples, keys, max_size=None, quality=90):
             tar.addfile(cls, io.BytesIO(text))
 
 
+@contextlib.contextmanager
+def writing(path):
+    """Names ``path`` in the error of a write that failed: a full disk's OSError names no file.
+    Around atomic_open, which has removed the partial file by then; complete files stay, and a
+    rerun keeps those its claim vouches for."""
+    try:
+        yield
+    except OSError as e:
+        if e.filename is not None:  # a file that could not be read or made, named already
+            raise
+        raise DataError(
+            f"{path}: could not be written ({e.strerror}); its partial file was removed and the "
+            "complete files kept: run the same command again once there is space"
+        ) from None
+
+
+def write_text(path, text):
+    with writing(path), atomic_open(path, "w") as f:
+        f.write(text)
+
+
 def write_shard(path, samples, keys, *, fmt, max_size, quality):
     """One shard and its index; runs in a worker process."""
-    with atomic_open(path) as f:
+    with writing(path), atomic_open(path) as f:
         if fmt == "tfrecord":
             write_tfrecord(f, samples, max_size, quality)
         else:
             write_tar(f, samples, keys, max_size, quality)
-    shard_index(path, fmt)
+    with writing(path + ".idx"):
+        shard_index(path, fmt)
 
 
 def shard_names(split, count, fmt):
@@ -274,8 +296,9 @@ def claim_dst(dst, fmt, settings, digests, overwrite):
     ):
         os.remove(os.path.join(dst, name))
     os.makedirs(dst, exist_ok=True)
-    with atomic_open(os.path.join(dst, "claim.json"), "w") as f:
-        json.dump({**settings, "shards": digests}, f, indent=1)
+    write_text(
+        os.path.join(dst, "claim.json"), json.dumps({**settings, "shards": digests}, indent=1)
+    )
     return keep
 
 
@@ -344,13 +367,13 @@ def make_shards(
             total = sum(len(shards[s][1]) for s in todo)
             for _ in progress(images, total, f"{folder}: images written"):
                 pass
-            with atomic_open(os.path.join(folder, "classes.txt"), "w") as f:
-                f.write("".join(f"{c}\n" for c in manifest["classes"]))
+            write_text(
+                os.path.join(folder, "classes.txt"), "".join(f"{c}\n" for c in manifest["classes"])
+            )
             written = f"{manifest['splits'][split]['samples']} images in {len(mine)} {fmt} shards"
             reused = f" ({len(kept)} kept from an earlier run)" if kept else ""
             print(f"{folder}: {written}{reused}")
-        with atomic_open(os.path.join(dst, "manifest.json"), "w") as f:
-            json.dump(manifest, f, indent=1)
+        write_text(os.path.join(dst, "manifest.json"), json.dumps(manifest, indent=1))
     return manifest
 
 

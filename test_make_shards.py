@@ -2,6 +2,7 @@
 here with independent readers (struct for TFRecord framing, tarfile for WebDataset); that DALI's
 readers give the same (image, label) pairs is tested in test_pipelines.py."""
 
+import errno
 import fcntl
 import functools
 import io
@@ -375,6 +376,42 @@ def test_rerun_rewrites_only_the_shards_whose_images_changed(src, tmp_path, caps
     assert (
         sum(after[n] == before[n] for n in names) == 2
     )  # the shard holding zebra/1.png is written again
+    assert sorted(p for s in shards_of(dst / "train") for p in tar_pairs(s)) == source_pairs(
+        src, "train"
+    )
+
+
+def test_a_full_disk_names_the_file_and_keeps_the_complete_shards(
+    src, tmp_path, capsys, monkeypatch
+):
+    dst = tmp_path / "dst"
+    args = [src, dst, "--format", "wds", "--shard-size", "5", "--workers", "1"]
+    main([str(a) for a in args])
+    names = [p.name for p in shards_of(dst / "train")]
+    before = inodes(dst / "train", names)
+    (src / "train" / "zebra" / "1.png").write_bytes(
+        (src / "train" / "zebra" / "2.png").read_bytes()
+    )  # the shard holding it is written again
+
+    def full_disk(f, *args):
+        f.write(b"part of a shard")
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))  # a failed write names no file
+
+    monkeypatch.setattr(make_shards_module, "write_tar", full_disk)
+    code, err = run_main(capsys, *args)
+    kept = inodes(dst / "train", names)
+    (lost,) = set(names) - set(kept)
+    assert (code, err) == (
+        2,
+        f"error: {dst / 'train' / lost}: could not be written (No space left on device); its "
+        f"partial file was removed and the complete files kept: run the same command again once "
+        f"there is space",
+    )
+    assert kept == {n: before[n] for n in kept} and len(kept) == 2
+    assert not list(dst.rglob("*.partial"))
+    monkeypatch.undo()
+    main([str(a) for a in args])
+    assert inodes(dst / "train", kept) == kept
     assert sorted(p for s in shards_of(dst / "train") for p in tar_pairs(s)) == source_pairs(
         src, "train"
     )
