@@ -5,7 +5,8 @@ A PNG root holds ``Images/<group>/<name>.png`` and ``Masks/<group>/<name>.png``;
 mask pair by name within a group (groups are subfolders such as 1..4). Converting it writes a
 prepared root, the input of ``pipelines.fetch_dali_loader``:
 
-    DST/Images/<group>/<name>.npy   (H, W, 3) uint8 RGB (RGBA and greyscale images become RGB)
+    DST/Images/<group>/<name>.npy   (H, W, 3) uint8 RGB (RGBA and greyscale images become RGB;
+                                    16-bit greyscale becomes 8-bit as DALI decodes it, round(x / 257))
     DST/Masks/<group>/<name>.npy    (H, W, 1) uint8 class indices
     DST/csv_file/train.csv          index,images,masks  (paths relative to DST)
     DST/csv_file/valid.csv
@@ -65,7 +66,14 @@ from collections import defaultdict
 import numpy as np
 from PIL import Image, ImageDraw, ImageFilter
 
-from data_sources import CSV_HEADER, DataError, atomic_open, atomic_temp_pattern, progress
+from data_sources import (
+    CSV_HEADER,
+    DataError,
+    atomic_open,
+    atomic_temp_pattern,
+    eight_bits,
+    progress,
+)
 
 SPLITS = ("train", "valid")
 # Where prepare() puts the .npy pairs of a PNG root: inside it, so no write access to its
@@ -242,8 +250,9 @@ def _load_png(path, data):
 
 
 def _image_array(path, data):
-    """(H, W, 3) uint8 RGB; alpha is dropped, greyscale and palette images are expanded."""
-    return np.asarray(_load_png(path, data).convert("RGB"))
+    """(H, W, 3) uint8 RGB; alpha is dropped, greyscale and palette images are expanded, 16-bit
+    greyscale scaled to 8 bits as DALI decodes it."""
+    return np.asarray(eight_bits(_load_png(path, data)).convert("RGB"))
 
 
 def _mask_array(path, data):

@@ -113,6 +113,17 @@ def atomic_temp_pattern(name):
     return rf"\.{name}\.\d+\.partial"
 
 
+def eight_bits(image):
+    """A PIL ``image`` of 16-bit greyscale (how a 16-bit PNG opens: mode I;16, or I) in 8 bits as
+    DALI's decoder reads it, round(x / 257); PIL's convert("RGB") would clip it at 255. Other modes
+    as they are (PIL itself reads a 16-bit colour PNG as 8-bit RGB, x >> 8)."""
+    if not image.mode.startswith("I"):
+        return image
+    return Image.fromarray(
+        ((np.asarray(image, np.int64) + 128) // 257).clip(0, 255).astype(np.uint8)
+    )
+
+
 # data in object storage: s3:// URLs, whose bytes DALI's readers fetch themselves
 # ------------------------------ boto3 lists the prefixes and reads the small files (classes.txt,
 # manifest.json, index summaries, digests): its errors say what is wrong (bucket, credentials,

@@ -56,6 +56,7 @@ from data_sources import (
     DataError,
     atomic_open,
     atomic_temp_pattern,
+    eight_bits,
     list_image_folder,
     progress,
     shard_index,
@@ -116,8 +117,10 @@ def encoded(path, max_size=None, quality=90):
                     )
                     # reducing_gap: a large shrink starts with a box reduction, faster and, per PIL,
                     # no worse
-                    small = image.convert("RGB").resize(
-                        size, Image.Resampling.LANCZOS, reducing_gap=3.0
+                    small = (
+                        eight_bits(image)
+                        .convert("RGB")
+                        .resize(size, Image.Resampling.LANCZOS, reducing_gap=3.0)
                     )
                     out = io.BytesIO()
                     # the EXIF block as it was: DALI's decoder turns an image by its orientation tag

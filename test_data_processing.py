@@ -114,6 +114,24 @@ def test_round_trip_is_exact(tmp_path):
         np.testing.assert_array_equal(mask[..., 0], expected_mask, err_msg=name)
 
 
+def test_a_16_bit_image_is_scaled_as_dali_decodes_it_and_a_16_bit_mask_kept(tmp_path):
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    image = np.array([[0, 128, 129, 255], [1000, 32896, 60000, 65535]], np.uint16)
+    # DALI's CPU decoder reads a 16-bit PNG as round(x / 257) (x >> 8 would give 3 and 234)
+    scaled = np.array([[0, 0, 1, 1], [4, 128, 233, 255]], np.uint8)
+    save(src / "Images" / "1" / "a.png", image)
+    save(src / "Masks" / "1" / "a.png", np.array([[0, 1, 2, 3], [4, 5, 6, 255]], np.uint16))
+    assert Image.open(src / "Images" / "1" / "a.png").mode == "I;16"
+    png2numpy(src, dst)
+    np.testing.assert_array_equal(np.load(dst / "Images" / "1" / "a.npy"), np.dstack([scaled] * 3))
+    np.testing.assert_array_equal(
+        np.load(dst / "Masks" / "1" / "a.npy")[..., 0], [[0, 1, 2, 3], [4, 5, 6, 255]]
+    )
+    mask = save(src / "Masks" / "1" / "a.png", np.array([[0, 1, 2, 3], [4, 5, 6, 300]], np.uint16))
+    with pytest.raises(DataError, match=re.escape(f"{mask}: mask values 0..300 do not fit uint8")):
+        png2numpy(src, dst)
+
+
 def test_colour_rgb_mask_is_an_error(tmp_path):
     src = binary_root(tmp_path / "src", {"1": 1})
     colour = np.zeros((12, 10, 3), np.uint8)

@@ -248,6 +248,28 @@ def test_max_size_re_encodes_larger_images_and_copies_the_rest(tmp_path):
     assert json.loads((tmp_path / "uncapped" / "manifest.json").read_text())["max_size"] is None
 
 
+def test_max_size_scales_a_16_bit_png_to_8_bits_as_dalis_decoder_does(tmp_path):
+    src = tmp_path / "src"
+    # DALI's CPU decoder reads a 16-bit PNG as round(x / 257): 4 and 233 (x >> 8 would give 3, 234)
+    values = {"dark.png": (1000, 4), "light.png": (60000, 233)}
+    for split in ("train", "val"):
+        (src / split / "a").mkdir(parents=True)
+    for name, (value, _) in values.items():
+        Image.fromarray(np.full((20, 24), value, np.uint16)).save(src / "train" / "a" / name)
+        assert Image.open(src / "train" / "a" / name).mode == "I;16"
+    gradient(8, 8).save(src / "val" / "a" / "0.png")
+    main([str(src), str(tmp_path / "dst"), "--format", "wds", "--max-size", "10"])
+    with tarfile.open(tmp_path / "dst" / "train" / "train-000000.tar") as tar:
+        pixels = {
+            sorted(values)[int(m.name[:8])]: np.asarray(Image.open(tar.extractfile(m)))
+            for m in tar.getmembers()
+            if m.name.endswith(".jpg")
+        }
+    assert {n: (p.shape, np.unique(p).tolist()) for n, p in pixels.items()} == {
+        n: ((10, 12, 3), [v]) for n, (_, v) in values.items()
+    }
+
+
 def test_progress_lines_count_the_images_written(src, tmp_path, monkeypatch):
     out = io.StringIO()
     monkeypatch.setattr(
