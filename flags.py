@@ -211,6 +211,10 @@ def parse(parser, argv, demo_defaults):
     if args.data == "demo":
         parser.set_defaults(**demo_defaults)
         args = parser.parse_args(argv)
+    # The flags the command line sets (a namespace that already holds every flag takes no
+    # default): --evaluate takes the others that shape the model from its checkpoint.
+    unset = argparse.Namespace(**{a.dest: None for a in parser._actions})
+    args.given = sorted(k for k, v in vars(parser.parse_args(argv, unset)).items() if v is not None)
     if args.batch_size < 2 and not args.evaluate:
         parser.error(
             "--batch-size must be at least 2 for training (BatchNorm needs more than one sample)"

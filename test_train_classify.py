@@ -234,6 +234,35 @@ def test_evaluate_reproduces_last_logged_accuracy(demo_run, tmp_path):
     assert evaluation["val_top5"] == pytest.approx(last["val_top5"], abs=1e-9)
 
 
+def test_evaluate_takes_the_model_and_validation_sizes_from_the_checkpoint(demo_run, tmp_path):
+    """The demo trains resnet18 at 64 px; --evaluate on its folder (not --data demo, whose defaults
+    would say so) without --arch or sizes scores the model as its run validated it, and a size
+    given on the command line wins."""
+    (start,) = records(demo_run, "start")
+    best = os.path.join(demo_run, "best.pth")
+    proc = run(
+        "--data", start["data"], "--resume", best, "--evaluate", "--output-dir", str(tmp_path)
+    )
+    assert (
+        f"--evaluate: --arch resnet18 --val-resize-size 73 --val-crop-size 64, as in {best}"
+        in proc.stdout
+    )
+    (evaluation,) = records(str(tmp_path), "eval")
+    assert evaluation["val_top1"] == max(e["val_top1"] for e in records(demo_run, "epoch"))
+    proc = run(
+        "--data",
+        start["data"],
+        "--resume",
+        best,
+        "--evaluate",
+        "--val-crop-size",
+        "48",
+        "--val-resize-size",
+        "48",
+    )
+    assert "--evaluate: --arch resnet18, as in" in proc.stdout
+
+
 def test_resume_after_a_kill_continues_the_schedule(demo_run, tmp_path):
     out = str(tmp_path)
     flags = ["--data", "demo", "--epochs", "2", "--print-freq", "5", "--output-dir", out]

@@ -111,15 +111,14 @@ def test_overlay_png(demo_run):
 
 
 def test_evaluate_reproduces_last_logged_dice(demo_run, tmp_path):
-    run(
-        "--data",
-        "demo",
-        "--resume",
-        os.path.join(demo_run, "checkpoint.pth"),
-        "--evaluate",
-        "--output-dir",
-        str(tmp_path),
+    """On the demo's folder (not --data demo, whose defaults would set them) --evaluate takes the
+    model's width and size from its checkpoint."""
+    (start,) = records(demo_run, "start")
+    ckpt = os.path.join(demo_run, "checkpoint.pth")
+    proc = run(
+        "--data", start["data"], "--resume", ckpt, "--evaluate", "--output-dir", str(tmp_path)
     )
+    assert f"--evaluate: --unet-width 16 --size 96, as in {ckpt}" in proc.stdout
     (evaluation,) = records(str(tmp_path), "eval")
     assert evaluation["val_dice"] == pytest.approx(
         records(demo_run, "epoch")[-1]["val_dice"], abs=1e-9

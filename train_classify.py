@@ -27,6 +27,8 @@ import flags
 RUNS_DIR = "runs/classify"
 DEMO_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), ".cache", "demo-classify-v2")
 # --data demo: a small, quick run; flags given on the command line still win.
+# What --evaluate takes from its checkpoint unless given: the model, and how its run validated.
+EVALUATE_AS_TRAINED = ("arch", "num_classes", "label_offset", "val_resize_size", "val_crop_size")
 DEMO_DEFAULTS = dict(
     arch="resnet18",
     epochs=6,
@@ -122,6 +124,7 @@ def parse_args(argv=None):
     args = flags.parse(parser, argv, DEMO_DEFAULTS)
     if args.crop_size:
         args.train_crop_size = args.val_crop_size = args.crop_size
+        args.given += ["train_crop_size", "val_crop_size"]
     if args.val_resize_size < args.val_crop_size:
         parser.error(
             f"--val-resize-size {args.val_resize_size} is below --val-crop-size "
@@ -234,7 +237,7 @@ def describe(metrics):
 
 def main(args):
     world = training.setup_distributed(args)  # torchrun's ranks; this process's device
-    ckpt = training.checkpoint_to_resume(args)  # --resume's, or --output-dir's with auto
+    ckpt = training.checkpoint_to_resume(args, EVALUATE_AS_TRAINED)  # --resume's, or auto's
     locate_data(args, world)  # builds the demo set, or checks --data
     log = training.open_run(args, world, ckpt, RUNS_DIR)  # the run folder, locked, and its log
     loaders = build_loaders(args, world, ckpt, log)  # DALI pipelines over this process's shard

@@ -26,6 +26,8 @@ import flags
 
 RUNS_DIR = "runs/segment"
 DEMO_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), ".cache", "demo-segment-v1")
+# What --evaluate takes from its checkpoint unless given: the model, and the size it ran at.
+EVALUATE_AS_TRAINED = ("arch", "num_classes", "unet_width", "size")
 # --data demo: a small, quick run; flags given on the command line still win.
 DEMO_DEFAULTS = dict(
     epochs=6,
@@ -280,7 +282,7 @@ def describe(metrics):
 
 def main(args):
     world = training.setup_distributed(args)  # torchrun's ranks; this process's device
-    ckpt = training.checkpoint_to_resume(args)  # --resume's, or --output-dir's with auto
+    ckpt = training.checkpoint_to_resume(args, EVALUATE_AS_TRAINED)  # --resume's, or auto's
     locate_data(args, world)  # builds the demo set or prepares a PNG root, or checks --data
     log = training.open_run(args, world, ckpt, RUNS_DIR)  # the run folder, locked, and its log
     loaders = build_loaders(args, world, ckpt, log)  # DALI pipelines over this process's shard

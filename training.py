@@ -548,11 +548,12 @@ TO_RESUME = (
 TO_EVALUATE = ("model", "classes", "args")
 
 
-def checkpoint_to_resume(args):
+def checkpoint_to_resume(args, as_trained=()):
     """The checkpoint --resume names, loaded, or None. ``--resume auto``: --output-dir's
     checkpoint.pth (every save rewrites it: the newest), or None where there is none, a fresh
     start; --resume then names the file. A checkpoint that lacks what this run needs of it is
-    refused in one line that says what is missing."""
+    refused in one line that says what is missing. With --evaluate, the flags named in
+    ``as_trained`` (the model and the validation sizes) are the checkpoint's unless given."""
     if args.resume == "auto":
         path = os.path.join(args.output_dir, "checkpoint.pth")
         args.resume = path if os.path.isfile(path) else ""
@@ -574,7 +575,24 @@ def checkpoint_to_resume(args):
             f"DALI cannot continue where it stopped; resume with --loader synthetic, "
             f"or --weights it"
         )
+    if args.evaluate:
+        evaluate_as_trained(args, ckpt["args"], as_trained)
     return ckpt
+
+
+def evaluate_as_trained(args, saved, names):
+    """--evaluate scores the model as its run validated it: the flags in ``names`` that the command
+    line leaves out take the checkpoint's values, said in one line."""
+    taken = [
+        k
+        for k in names
+        if k not in args.given and saved.get(k, getattr(args, k)) != getattr(args, k)
+    ]
+    for k in taken:
+        setattr(args, k, saved[k])
+    if taken and (not dist.is_initialized() or dist.get_rank() == 0):
+        flags = " ".join(f"--{k.replace('_', '-')} {saved[k]}" for k in taken)
+        print(f"--evaluate: {flags}, as in {args.resume}", flush=True)
 
 
 def load_checkpoint(path):
