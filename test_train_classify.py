@@ -699,6 +699,62 @@ def test_disk_full_while_saving_keeps_the_previous_checkpoint(tmp_path):
     assert sorted(os.listdir(out)) == [".lock", "best.pth", "checkpoint.pth", "metrics.jsonl"]
 
 
+# Runs the script of argv[1] on a full disk under $FULL_DIR: every file written there fails.
+DISK_FULL = """
+import builtins, os, runpy, sys
+sys.path.insert(0, os.path.dirname(sys.argv[1]))
+real_open, full = builtins.open, os.environ["FULL_DIR"]
+def open_on_a_full_disk(path, mode="r", *args, **kwargs):
+    if str(path).startswith(full) and set(mode) & set("wax"):
+        return real_open("/dev/full", "w", *args, **kwargs)
+    return real_open(path, mode, *args, **kwargs)
+builtins.open = open_on_a_full_disk
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+@pytest.mark.parametrize("resuming", [False, True])
+def test_a_full_disk_at_start_or_resume_is_one_line_and_keeps_the_run(tmp_path, resuming):
+    root, out = tiny_imagefolder(str(tmp_path / "d")), str(tmp_path / "o")
+    if resuming:
+        tiny_run(root, out)
+    before = (
+        {n: open(os.path.join(out, n), "rb").read() for n in os.listdir(out)} if resuming else {}
+    )
+    full = tmp_path / "full.py"
+    full.write_text(DISK_FULL)
+    resume = ["--resume", os.path.join(out, "checkpoint.pth")] if resuming else []
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(full),
+            SCRIPT,
+            "--data",
+            root,
+            *TINY,
+            "--epochs",
+            "2",
+            "--output-dir",
+            out,
+            *resume,
+        ],
+        cwd=HERE,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**CPU_ENV, "FULL_DIR": out},
+    )
+    if resuming:  # lock_run_dir rewrites metrics.jsonl without the steps to run again
+        assert_one_line_error(proc, f"{out}/metrics.jsonl: could not rewrite it (No space left")
+        assert {n: open(os.path.join(out, n), "rb").read() for n in os.listdir(out)} == before
+    else:  # the first record of a new run
+        assert_one_line_error(
+            proc, f"{os.path.join(out, 'metrics.jsonl')}: could not append to the run's log (No "
+        )
+        assert not os.path.exists(out)  # a start that failed leaves no folder
+
+
 # ------------------------------------------------------------------------------------------
 # bad input: one line, exit status 2
 # ------------------------------------------------------------------------------------------

@@ -320,8 +320,15 @@ class RunLog:
         print(line, flush=True)
         record = {**record, "time": time.time()}
         if self.dir:
-            with open(os.path.join(self.dir, "metrics.jsonl"), "a") as f:
-                f.write(json.dumps(record) + "\n")
+            path = os.path.join(self.dir, "metrics.jsonl")
+            try:
+                with open(path, "a") as f:
+                    f.write(json.dumps(record) + "\n")
+            except OSError as e:  # a full disk: a resume drops the torn record
+                raise UsageError(
+                    f"{path}: could not append to the run's log ({e.strerror}); free space and run "
+                    f"the same command again (--resume continues from the last checkpoint)"
+                ) from None
         if self.writer and "global_step" in record:
             for key, value in record.items():  # type/name: train/loss, epoch/val_top1, ...
                 if isinstance(value, float) and key != "time":
@@ -433,8 +440,13 @@ def lock_run_dir(out, args, ckpt):
             records = [parsed_record(line) for line in f]
         last = ckpt.get("global_step", math.inf)
         kept = [json.dumps(r) + "\n" for r in records if r and r.get("global_step", 0) <= last]
-        with atomic_open(metrics, "w") as f:
-            f.writelines(kept)
+        try:
+            with atomic_open(metrics, "w") as f:
+                f.writelines(kept)
+        except OSError as e:  # a full disk
+            raise UsageError(
+                f"{metrics}: could not rewrite it ({e.strerror}); it is kept"
+            ) from None
     elif not continuing and (args.overwrite or not previous) and os.path.exists(metrics):
         os.remove(metrics)  # a run without checkpoints
     for name in os.listdir(out):  # what a killed save left; the lock says no other run saves here
