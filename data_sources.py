@@ -623,10 +623,21 @@ def check_manifest(split_dir, shards):
     fewer samples."""
     split_dir = split_dir.rstrip("/") if remote(split_dir) else os.path.abspath(split_dir)
     manifest = os.path.join(os.path.dirname(split_dir), "manifest.json")
+    split = os.path.basename(split_dir)
     try:
-        listed = json.loads(read_bytes(manifest))["splits"][os.path.basename(split_dir)]["shards"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return
+        text = read_bytes(manifest)
+    except FileNotFoundError:
+        return  # sets written by other tools have none
+    try:  # a split the manifest does not describe has nothing to check
+        listed = json.loads(text)["splits"].get(split, {"shards": []})["shards"]
+    except (ValueError, KeyError, TypeError, AttributeError):
+        listed = None
+    if not (isinstance(listed, list) and all(isinstance(name, str) for name in listed)):
+        raise DataError(
+            f"{manifest}: expected the JSON manifest make_shards.py writes "
+            f'({{"splits": {{"{split}": {{"shards": [shard file names]}}}}}}); write the set '
+            "again, or move the file away if another tool wrote it"
+        )
     missing = sorted(set(listed) - {os.path.basename(shard) for shard in shards})
     if missing:
         raise DataError(
@@ -639,11 +650,18 @@ def check_manifest(split_dir, shards):
 def read_classes_txt(split_dir):
     """The class names in ``split_dir/classes.txt`` (one a line, in index order), or None without
     one."""
+    path = os.path.join(split_dir, "classes.txt")
+    expected = "expected UTF-8 text, one class name a line, in index order"
     try:
-        text = read_bytes(os.path.join(split_dir, "classes.txt")).decode("utf-8")
+        text = read_bytes(path).decode("utf-8")
     except (FileNotFoundError, IsADirectoryError):
         return None
-    return [line.rstrip("\r\n") for line in io.StringIO(text, newline=None) if line.strip()]
+    except UnicodeDecodeError as e:
+        raise DataError(f"{path}: not UTF-8 text (byte {e.start}); {expected}") from None
+    names = [line.rstrip("\r\n") for line in io.StringIO(text, newline=None) if line.strip()]
+    if not names:  # a 0-way head would fail only once training starts
+        raise DataError(f"{path}: no class names in it; {expected}")
+    return names
 
 
 # Our own indexer rather than DALI's tfrecord2idx / wds2idx: it also reads every label once (the

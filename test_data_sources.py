@@ -358,6 +358,25 @@ def test_a_shard_set_that_lost_a_shard_is_refused(split_root, fmt):
         ClassifyTrainPipeline(4, 1, None, str(dst / "train"))
 
 
+@pytest.mark.parametrize(
+    "content",
+    [b"{not json", b"[]", b'{"splits": []}', b'{"splits": {"train": {"shard": []}}}', b"\x80\x81"]
+    + [b'{"splits": {"train": {"shards": [1, 2]}}}'],
+)
+def test_a_malformed_manifest_is_refused_and_an_absent_one_is_fine(split_root, content):
+    dst = to_shards(split_root, "wds")
+    manifest = dst / "manifest.json"
+    manifest.write_bytes(content)
+    with pytest.raises(
+        DataError,
+        match=f"^{re.escape(str(manifest))}: expected the JSON manifest make_shards.py writes "
+        + re.escape('({"splits": {"train": {"shards": [shard file names]}}})'),
+    ):
+        ClassifyTrainPipeline(4, 1, None, str(dst / "train"))
+    manifest.unlink()  # sets written by other tools have none
+    assert ClassifyTrainPipeline(4, 1, None, str(dst / "train")).num_samples == 3 * PER_CLASS
+
+
 def last_index_line(shard):
     with open(shard + ".idx") as f:
         return f.read().split("\n")[-2].split()
@@ -419,6 +438,25 @@ def test_shard_classes_txt_must_match_the_training_classes(split_root):
         DataError, match=f"^{dst / 'val' / 'classes.txt'}: its 3 classes differ from the 3 training"
     ):
         ClassifyValPipeline(4, 1, None, str(dst / "val"), classes=["Apple", "b c", "zebras"])
+
+
+@pytest.mark.parametrize(
+    "content,why",
+    [
+        (b"\xff\xfe\x00\x81junk", "not UTF-8 text"),
+        (b"", "no class names in it"),
+        (b"\n\n", "no class names in it"),
+    ],
+)
+def test_a_classes_txt_that_is_not_a_list_of_names_is_refused(split_root, content, why):
+    dst = to_shards(split_root, "tfrecord")
+    path = dst / "train" / "classes.txt"
+    path.write_bytes(content)
+    with pytest.raises(
+        DataError,
+        match=f"^{re.escape(str(path))}: {why}.*; expected UTF-8 text, one class name a line",
+    ):
+        ClassifyTrainPipeline(4, 1, None, str(dst / "train"))
 
 
 def test_find_layout(split_root, tmp_path):
