@@ -658,7 +658,9 @@ def read_classes_txt(split_dir):
         return None
     except UnicodeDecodeError as e:
         raise DataError(f"{path}: not UTF-8 text (byte {e.start}); {expected}") from None
-    names = [line.rstrip("\r\n") for line in io.StringIO(text, newline=None) if line.strip()]
+    # names exactly as written, spaces and all (make_shards.py refuses names holding a line break);
+    # an empty line names no folder, and an editor may leave one at the end
+    names = [line for line in text.splitlines() if line]
     if not names:  # a 0-way head would fail only once training starts
         raise DataError(f"{path}: no class names in it; {expected}")
     return names

@@ -384,6 +384,13 @@ def plan_shards(src, settings):
     """(the manifest, {shard path under DST: ([(file, label)], [key])}): both splits in an order
     shuffled by the seed, cut into shards of ``shard_size``."""
     train_files, train_labels, classes = list_image_folder(os.path.join(src, "train"))
+    # classes.txt holds a name a line: one holding a line break would read back as two names
+    for c in classes:
+        if c.splitlines() != [c]:
+            raise DataError(
+                f"{os.path.join(src, 'train')}: class folder {c!r} holds a line break, which a "
+                "line of classes.txt cannot; rename it"
+            )
     # val is labelled by train's class names: a val class that train lacks is an error
     val_files, val_labels, _ = list_image_folder(os.path.join(src, "val"), classes)
     manifest, shards = {**settings, "splits": {}, "classes": classes}, {}

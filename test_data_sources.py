@@ -440,6 +440,28 @@ def test_shard_classes_txt_must_match_the_training_classes(split_root):
         ClassifyValPipeline(4, 1, None, str(dst / "val"), classes=["Apple", "b c", "zebras"])
 
 
+def test_class_names_with_spaces_round_trip_through_classes_txt(tmp_path):
+    names = [" ", "  two", "a  b", "lead", "trail ", "\tTab"]
+    for split in ("train", "val"):
+        for c, name in enumerate(names):
+            (tmp_path / "root" / split / name).mkdir(parents=True)
+            Image.new("RGB", (8, 8), (40 * c, 0, 0)).save(
+                tmp_path / "root" / split / name / "0.png"
+            )
+    dst = to_shards(tmp_path / "root", "wds")
+    assert data_sources.read_classes_txt(str(dst / "train")) == sorted(names)
+    assert ClassifyValPipeline(4, 1, None, str(dst / "val")).classes == sorted(names)
+
+
+def test_a_classes_txt_shorter_than_the_stored_labels_is_refused(split_root):
+    dst = to_shards(split_root, "tfrecord")
+    (dst / "train" / "classes.txt").write_text("Apple\nb c\n")
+    with pytest.raises(
+        DataError, match=r": stored label 2 minus label_offset 0 is outside \[0, 2\)$"
+    ):
+        ClassifyTrainPipeline(4, 1, None, str(dst / "train"))
+
+
 @pytest.mark.parametrize(
     "content,why",
     [

@@ -610,3 +610,15 @@ def test_val_class_missing_from_train_is_an_error(src, tmp_path, capsys):
         2,
         f"error: {src / 'val' / 'okapi'}: class 'okapi' is not one of the 3 training classes",
     )
+
+
+@pytest.mark.parametrize("name", ["x\ny", "x\ry", "x\x85y", "x\u2028y", "x\x0cy"])
+def test_a_class_name_holding_a_line_break_is_refused(src, tmp_path, capsys, name):
+    (src / "train" / name).mkdir()
+    Image.new("RGB", (4, 4)).save(src / "train" / name / "0.png")
+    assert run_main(capsys, src, tmp_path / "dst", "--format", "wds") == (
+        2,
+        f"error: {src / 'train'}: class folder {name!r} holds a line break, which a line of "
+        "classes.txt cannot; rename it",
+    )
+    assert not (tmp_path / "dst").exists()
