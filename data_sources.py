@@ -863,6 +863,12 @@ def _tar_samples(shard):
                 name = os.path.basename(member.name)
                 if not member.isfile() or name.startswith("."):
                     continue
+                # DALI's index is whitespace-separated lines of "<ext> <offset> <size> <name>"
+                if re.search(r"\s", member.name):
+                    raise DataError(
+                        f"{shard}: member {member.name!r} has a space or line break in its name, "
+                        "which DALI's index of a tar cannot hold; rename it"
+                    )
                 if member.offset_data + member.size > size:
                     raise DataError(
                         f"{shard}: truncated ({member.name} runs past the end of the file); write "

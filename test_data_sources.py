@@ -251,6 +251,21 @@ def test_label_offset_and_out_of_range_labels(split_root, fmt, tmp_path):
     assert epoch_pairs(pipe) == expected_pairs("train")
 
 
+@pytest.mark.parametrize("key", ["s 1", "s\n1", "dir\tx/s1", "s\u20281"])
+def test_a_tar_member_name_dalis_index_cannot_hold_is_named(split_root, tmp_path, key):
+    files, labels, _ = list_image_folder(str(split_root / "train"))
+    shard = tmp_path / "spaces" / "train-000000.tar"
+    shard.parent.mkdir()
+    with open(shard, "wb") as f:
+        write_tar(f, list(zip(files, labels))[:3], ["s0", key, "s2"])
+    with pytest.raises(
+        DataError,
+        match=f"^{re.escape(str(shard))}: member {re.escape(repr(key + '.png'))} has a space or "
+        "line break in its name, which DALI's index of a tar cannot hold; rename it$",
+    ):
+        ClassifyValPipeline(4, 1, None, str(shard.parent), num_classes=3)
+
+
 def index_files(folder):
     return sorted(p.name for p in folder.iterdir() if ".idx" in p.name)
 
