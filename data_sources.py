@@ -262,11 +262,23 @@ def walk(folder):
     if remote(folder):
         parent, name = os.path.split(folder)
         return [os.path.join(parent, rel) for rel in s3_tree(parent).get(name, [])]
-    return [
-        os.path.join(root, n)
-        for root, _, names in sorted(os.walk(folder, followlinks=True))
-        for n in sorted(names)
-    ]
+    found, real = [], {}
+    # symlinked folders are followed (sets are assembled so), but os.walk follows a link to an
+    # ancestor until the paths grow too long: a folder that resolves to one of its ancestors is one
+    for root, _, names in os.walk(folder, followlinks=True):
+        real[root], above = os.path.realpath(root), os.path.dirname(root)
+        while above in real:
+            if real[above] == real[root]:
+                link = root
+                while not os.path.islink(link):  # a link lies below ``above``, or no loop
+                    link = os.path.dirname(link)
+                raise DataError(
+                    f"{link}: a symlink loop (it leads back to {real[root]}, whose images would "
+                    "count again and again); remove the link"
+                )
+            above = os.path.dirname(above)
+        found.append((root, names))
+    return [os.path.join(root, n) for root, names in sorted(found) for n in sorted(names)]
 
 
 def isfile(path):

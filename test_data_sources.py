@@ -631,6 +631,24 @@ def test_class_folder_without_images(tmp_path, solid_folder):
         ClassifyTrainPipeline(2, 1, None, str(solid_folder))
 
 
+def test_symlinked_folders_are_followed_and_a_symlink_loop_is_refused(tmp_path, solid_folder):
+    (tmp_path / "extra").mkdir()
+    for i in range(2):
+        Image.new("RGB", (8, 8)).save(tmp_path / "extra" / f"x{i}.png")
+    (solid_folder / "Apple" / "more").symlink_to(tmp_path / "extra")
+    (solid_folder / "zebra" / "same").symlink_to(tmp_path / "extra")  # a folder linked twice
+    _, labels, _ = list_image_folder(str(solid_folder))
+    assert Counter(labels) == {0: PER_CLASS + 2, 1: PER_CLASS, 2: PER_CLASS + 2}
+    (solid_folder / "b c" / "loop").symlink_to("..")
+    with pytest.raises(
+        DataError,
+        match=f"^{re.escape(str(solid_folder / 'b c' / 'loop'))}: a symlink loop \\(it leads back "
+        f"to {re.escape(str(solid_folder / 'b c'))}, whose images would count again and again\\); "
+        "remove the link$",
+    ):
+        ClassifyTrainPipeline(2, 1, None, str(solid_folder))
+
+
 def test_missing_file_list(tmp_path, solid_folder):
     with pytest.raises(DataError, match=str(tmp_path / "list.txt")):
         ClassifyTrainPipeline(2, 1, None, str(solid_folder), file_list=str(tmp_path / "list.txt"))
