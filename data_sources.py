@@ -1112,6 +1112,10 @@ def _npy_shape(path):
         shape, dtype = _parse_npy_header(head[:end])
     except ValueError as e:
         raise DataError(f"{path}: not a .npy array ({e})") from None
+    if dtype.hasobject:  # its data is a pickle, of no size that the header tells
+        raise DataError(
+            f"{path}: holds pickled Python objects (dtype {dtype}); expected a plain numeric array"
+        )
     needed = end + math.prod(shape) * dtype.itemsize
     if size < needed:
         raise DataError(

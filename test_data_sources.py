@@ -719,6 +719,17 @@ def test_not_an_npy_file(seg_files):
         fetch_dali_loader(imgs, lbls, batch_size=2, mode="eval")
 
 
+def test_a_pickled_npy_is_refused_as_such(seg_files):
+    imgs, lbls = seg_files
+    np.save(lbls[5], np.full((SEG_H, SEG_W), None, object), allow_pickle=True)
+    with pytest.raises(
+        DataError,
+        match=f"^{re.escape(lbls[5])}: holds pickled Python objects \\(dtype object\\); "
+        "expected a plain numeric array$",
+    ):
+        fetch_dali_loader(imgs, lbls, batch_size=2, mode="eval")
+
+
 @pytest.mark.parametrize(
     "what,array,found",
     [
