@@ -136,9 +136,19 @@ S3_TIMEOUT = 10
 S3_THREADS = 16
 
 
+# A URL's start: every data path goes through remote(), where a URL of another scheme is refused
+# rather than taken for a local path that is not there.
+URL_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
+
+
 def remote(path):
-    """Whether ``path`` is in object storage (an s3:// URL)."""
-    return str(path).startswith("s3://")
+    """Whether ``path`` is in object storage (an s3:// URL); ``DataError`` for another URL."""
+    path = str(path)
+    if (scheme := URL_SCHEME.match(path)) and scheme[0] != "s3://":
+        raise DataError(
+            f"{path}: {scheme[0]} URLs are not read; expected a local path or an s3:// URL"
+        )
+    return path.startswith("s3://")
 
 
 @functools.lru_cache(maxsize=1)

@@ -617,6 +617,16 @@ def test_missing_data_dir(tmp_path):
         ClassifyTrainPipeline(2, 1, None, str(tmp_path / "nope"))
 
 
+@pytest.mark.parametrize("scheme", ["gs", "http", "https", "file"])
+def test_urls_other_than_s3_are_refused_as_such(scheme):
+    url = f"{scheme}://bkt/set"
+    why = f"{scheme}:// URLs are not read; expected a local path or an s3:// URL$"
+    with pytest.raises(DataError, match=f"^{url}/train: {why}"):
+        ClassifyTrainPipeline(2, 1, None, f"{url}/train")
+    with pytest.raises(DataError, match=f"^{url}/csv_file/valid.csv: {why}"):
+        data_sources.read_split(url, "valid")
+
+
 def test_no_class_folders(tmp_path):
     (tmp_path / "flat").mkdir()
     Image.new("RGB", (8, 8)).save(tmp_path / "flat" / "a.png")

@@ -765,6 +765,14 @@ def test_error_missing_data(tmp_path):
     assert_one_line_error(proc, str(tmp_path / "nope"), "train/ and val/", "--data demo")
 
 
+def test_error_data_url_of_another_scheme(tmp_path):
+    proc = run("--data", "gs://bkt/set", "--output-dir", str(tmp_path / "o"), check=False)
+    assert_one_line_error(
+        proc, "gs://bkt/set/train: gs:// URLs are not read; expected a local path or an s3:// URL"
+    )
+    assert not os.path.exists(tmp_path / "o")
+
+
 def test_error_data_without_val(tmp_path):
     root = tiny_imagefolder(str(tmp_path / "d"))
     os.rename(os.path.join(root, "val"), os.path.join(root, "validation"))

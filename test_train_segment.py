@@ -255,6 +255,13 @@ def test_error_missing_data(tmp_path):
     assert_one_line_error(tiny(str(tmp_path / "nope")), str(tmp_path / "nope"), "--data demo")
 
 
+def test_error_data_url_of_another_scheme(tmp_path):
+    assert_one_line_error(
+        tiny("https://host/set", out=str(tmp_path / "o")),
+        "https://host/set: https:// URLs are not read; expected a local path or an s3:// URL",
+    )
+
+
 def test_mid_epoch_resume_gives_the_uninterrupted_weights(tmp_path):
     from test_train_classify import assert_resume_is_exact
 
