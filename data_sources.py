@@ -200,6 +200,11 @@ def s3_errors(url):
 
 def s3_bucket_key(url):
     bucket, _, key = url[len("s3://") :].partition("/")
+    if re.search("[?#]", key):  # DALI parses its s3:// paths as URLs: its key ends at either
+        raise DataError(
+            f"{url}: DALI's S3 reader cannot read keys holding ? or #; expected a prefix and "
+            "object names without them"
+        )
     return bucket, key.strip("/")
 
 

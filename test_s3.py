@@ -407,6 +407,17 @@ def test_error_a_shard_truncated_mid_run(s3, sets, tmp_path):
     assert len(records(out, "epoch")) < 2  # stopped before the run's end
 
 
+@pytest.mark.parametrize("char", ["#", "?"])
+def test_error_a_prefix_holding_a_character_dalis_s3_reader_cannot_read(s3, sets, char):
+    url = upload(s3.client, sets["folder"][0], f"folder{char}1")
+    with pytest.raises(
+        data_sources.DataError,
+        match=f"^{re.escape(url)}/val: DALI's S3 reader cannot read keys holding \\? or #; "
+        "expected a prefix and object names without them$",
+    ):
+        epoch(pipelines.ClassifyValPipeline(4, 1, None, f"{url}/val", crop_size=32))
+
+
 def test_s3_data_without_boto3_is_one_error_line(tmp_path):
     hide = tmp_path / "hide"  # a sitecustomize that makes boto3 unimportable
     hide.mkdir()
