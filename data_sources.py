@@ -211,17 +211,24 @@ def s3_bucket_key(url):
 @functools.lru_cache(maxsize=None)
 def s3_files(url):
     """{path relative to ``url``: size in bytes} of every object under the s3:// prefix ``url``,
-    listed once."""
+    listed once; the first byte of its first object is read too."""
     bucket, key = s3_bucket_key(url)
     prefix = key and key + "/"
     with s3_errors(url) as s3:
         pages = s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
-        return {
+        files = {
             o["Key"][len(prefix) :]: o["Size"]
             for page in pages
             for o in page.get("Contents", [])
             if not o["Key"].endswith("/")
         }  # a key ending in / is a console's folder marker
+    # Credentials may list objects they may not get, which DALI reports only as "S3 Object not
+    # found": one byte read here says "access denied" first. (A range of an empty object is no
+    # range, and an object deleted since the listing is no matter here.)
+    if first := next((rel for rel, size in files.items() if size), None):
+        with contextlib.suppress(FileNotFoundError):
+            s3_get(f"s3://{bucket}/{prefix}{first}", "bytes=0-0")
+    return files
 
 
 @functools.lru_cache(maxsize=None)

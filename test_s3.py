@@ -3,6 +3,7 @@
 set gives from local disk; a run killed mid-epoch resumes to the uninterrupted run's weights; each way the store can
 fail is one error line."""
 
+import json
 import os
 import re
 import socket
@@ -323,6 +324,45 @@ def access_denied(endpoint, tmp_path):
             proc, f"s3://locked/set/train: access denied ({code}: ", "check the credentials"
         )
         assert not os.path.exists(out)
+
+
+def test_error_objects_listed_but_not_readable(tmp_path):
+    """Credentials that may list the bucket but not get its objects: DALI's read says only "S3 Object not found"."""
+    folder = tiny_imagefolder(str(tmp_path / "folder"), per_class=2)
+    count = sum(len(names) for _, _, names in os.walk(folder))
+    # a server that checks credentials after the bucket, its objects, a user, its policy and its key
+    proc, endpoint = start_moto(INITIAL_NO_AUTH_ACTION_COUNT=str(count + 4))
+    try:
+        admin = dict(
+            endpoint_url=endpoint,
+            aws_access_key_id="testing",
+            aws_secret_access_key="testing",
+            region_name="us-east-1",
+        )
+        client = boto3.client("s3", **admin)
+        client.create_bucket(Bucket="bkt")
+        url = upload(client, folder, "listed")
+        iam = boto3.client("iam", **admin)
+        iam.create_user(UserName="lister")
+        may = {"Effect": "Allow", "Action": "s3:ListBucket", "Resource": "arn:aws:s3:::bkt"}
+        iam.put_user_policy(
+            UserName="lister",
+            PolicyName="list-only",
+            PolicyDocument=json.dumps({"Version": "2012-10-17", "Statement": [may]}),
+        )
+        key = iam.create_access_key(UserName="lister")["AccessKey"]
+        env = {
+            "AWS_ENDPOINT_URL": endpoint,
+            "AWS_ACCESS_KEY_ID": key["AccessKeyId"],
+            "AWS_SECRET_ACCESS_KEY": key["SecretAccessKey"],
+        }
+        proc_run, out = run_fails(url, tmp_path, env=env)
+    finally:
+        stop(proc)
+    assert_one_line_error(
+        proc_run, f"{url}/train/a/0.png: access denied (AccessDenied: ", "check the credentials"
+    )
+    assert not os.path.exists(out)
 
 
 def test_error_an_endpoint_that_does_not_answer_is_a_bounded_wait(s3, tmp_path):
