@@ -662,6 +662,8 @@ def check_manifest(split_dir, shards):
         text = read_bytes(manifest)
     except FileNotFoundError:
         return  # sets written by other tools have none
+    except OSError as e:
+        raise DataError(f"{manifest}: cannot be read ({e.strerror})") from None
     try:  # a split the manifest does not describe has nothing to check
         listed = json.loads(text)["splits"].get(split, {"shards": []})["shards"]
     except (ValueError, KeyError, TypeError, AttributeError):

@@ -392,6 +392,17 @@ def test_a_malformed_manifest_is_refused_and_an_absent_one_is_fine(split_root, c
     assert ClassifyTrainPipeline(4, 1, None, str(dst / "train")).num_samples == 3 * PER_CLASS
 
 
+def test_an_unreadable_manifest_is_named(split_root):
+    dst = to_shards(split_root, "tfrecord")
+    (dst / "manifest.json").unlink()
+    (dst / "manifest.json").mkdir()
+    with pytest.raises(
+        DataError,
+        match=f"^{re.escape(str(dst / 'manifest.json'))}: cannot be read \\(Is a directory\\)$",
+    ):
+        ClassifyTrainPipeline(4, 1, None, str(dst / "train"))
+
+
 def last_index_line(shard):
     with open(shard + ".idx") as f:
         return f.read().split("\n")[-2].split()
