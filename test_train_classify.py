@@ -1306,6 +1306,20 @@ def test_a_torn_last_record_never_stops_a_resume(tmp_path):
     assert [r["epoch"] for r in kept if r["type"] == "epoch"] == [1, 2]
 
 
+def test_a_training_run_keeps_the_evaluate_scores_in_its_folder(tmp_path):
+    """--evaluate writes its score to --output-dir's metrics.jsonl: a second --evaluate and a
+    training run in that folder add to it; only --overwrite starts the log anew."""
+    root, out = tiny_imagefolder(str(tmp_path / "d")), str(tmp_path / "o")
+    tiny_run(root, str(tmp_path / "t"))
+    path = os.path.join(str(tmp_path / "t"), "checkpoint.pth")
+    tiny_run(root, out, "--evaluate", "--resume", path)
+    tiny_run(root, out, "--evaluate", "--resume", path)
+    tiny_run(root, out)
+    assert len(records(out, "eval")) == 2 and len(records(out, "epoch")) == 1
+    tiny_run(root, out, "--overwrite")
+    assert not records(out, "eval") and len(records(out, "epoch")) == 1
+
+
 @pytest.mark.parametrize(
     "drop, named", [(("world_size", "rng"), "lacks rng, world_size"), (("dali",), "no DALI state")]
 )

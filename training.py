@@ -408,7 +408,7 @@ def tensorboard_writer(out):
 def lock_run_dir(out, args, ckpt):
     """Refused: a folder another run writes to, or, without --overwrite, one holding another run's
     checkpoint. metrics.jsonl keeps each record once: a resumed run's from its checkpoint's step on,
-    a new run's alone."""
+    a new run's alone, beside any --evaluate scores written there (--overwrite drops them)."""
     if os.path.exists(out) and not os.path.isdir(out):
         raise UsageError(f"--output-dir {out}: is a file, not a folder")
     try:
@@ -433,25 +433,27 @@ def lock_run_dir(out, args, ckpt):
             f"{os.path.join(out, previous[0])} to continue it or --overwrite to replace it"
         )
     metrics = os.path.join(out, "metrics.jsonl")
-    if continuing and not args.evaluate and os.path.exists(metrics):
-        # the steps after the checkpoint run again: their records go, and so does a record torn
-        # by a kill while it was being appended (or an empty line), which no resume should trip on
-        with open(metrics) as f:
-            records = [parsed_record(line) for line in f]
-        last = ckpt.get("global_step", math.inf)
-        kept = [json.dumps(r) + "\n" for r in records if r and r.get("global_step", 0) <= last]
-        try:
-            with atomic_open(metrics, "w") as f:
-                f.writelines(kept)
-        except OSError as e:  # a full disk
-            raise UsageError(
-                f"{metrics}: could not rewrite it ({e.strerror}); it is kept"
-            ) from None
-    elif not continuing and (args.overwrite or not previous) and os.path.exists(metrics):
-        os.remove(metrics)  # a run without checkpoints
+    if os.path.exists(metrics) and not args.evaluate:
+        if continuing:  # the steps after the checkpoint run again: their records go
+            last = ckpt.get("global_step", math.inf)
+            trim_log(metrics, lambda r: r.get("global_step", 0) <= last)
+        elif args.overwrite or not previous:  # a new run's log; --evaluate's scores stay
+            trim_log(metrics, lambda r: r.get("type") == "eval" and not args.overwrite)
     for name in os.listdir(out):  # what a killed save left; the lock says no other run saves here
         if ".pth.tmp-" in name or name.endswith(".partial"):
             os.remove(os.path.join(out, name))
+
+
+def trim_log(metrics, keep):
+    """metrics.jsonl with only the records ``keep`` accepts. A record torn by a kill while it was
+    being appended (or an empty line) goes too: no resume should trip on it."""
+    with open(metrics) as f:
+        records = [parsed_record(line) for line in f]
+    try:
+        with atomic_open(metrics, "w") as f:
+            f.writelines(json.dumps(r) + "\n" for r in records if r and keep(r))
+    except OSError as e:  # a full disk
+        raise UsageError(f"{metrics}: could not rewrite it ({e.strerror}); it is kept") from None
 
 
 # ------------------------------------------------------------------------------------------
