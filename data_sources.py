@@ -1044,11 +1044,10 @@ def plan_decoder_cache(mode, pipes, free_mb):
     if mode == "off" or pipes[0].device_id is None:
         return None, None
     if remote(pipes[0].read.data_dir):  # the estimate reads a sample of the images from Python
-        return (
-            None,
-            f"decoder cache off ({mode}): not for data in object storage, whose images it cannot "
-            "sample",
-        )
+        why = "not for data in object storage, whose images it cannot sample"
+        if mode == "on":
+            raise DataError(f"--decoder-cache on: {why}; pass auto or off")
+        return None, f"decoder cache off ({mode}): {why}"
     need = 1.1 * sum(decoded_size(p) for p in pipes)  # 1.1: room for the estimate's error
     on = mode == "on" or need < free_mb / 2
     return math.ceil(need) if on else None, (

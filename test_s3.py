@@ -223,8 +223,6 @@ def test_training_on_the_gpu_from_s3_logs_the_layout_and_keeps_the_cache_off(set
         "--data",
         url,
         *[f for f in TINY if f not in ("--dali-device", "cpu")],
-        "--decoder-cache",
-        "on",
         "--output-dir",
         out,
         env={**os.environ, **{k: v for k, v in CPU_ENV.items() if k.startswith("AWS")}},
@@ -232,7 +230,7 @@ def test_training_on_the_gpu_from_s3_logs_the_layout_and_keeps_the_cache_off(set
     lines = proc.stdout.splitlines()  # on a GPU the cache's decision comes first
     assert (
         lines[0]
-        == "decoder cache off (on): not for data in object storage, whose images it cannot sample"
+        == "decoder cache off (auto): not for data in object storage, whose images it cannot sample"
     )
     assert lines[1].endswith(f"data {url}: tfrecord, 24 train and 24 val samples, 2 classes"), (
         lines[:3]
@@ -467,11 +465,17 @@ def test_s3_data_without_boto3_is_one_error_line(tmp_path):
     assert not os.path.exists(out)
 
 
-def test_the_decoder_cache_is_off_for_data_in_object_storage():
+def test_the_decoder_cache_is_off_for_data_in_object_storage_and_on_is_refused():
     pipe = SimpleNamespace(device_id=0, read=SimpleNamespace(data_dir="s3://bkt/wds/train"))
-    assert data_sources.plan_decoder_cache("on", [pipe], 80 * 1024) == (
+    assert data_sources.plan_decoder_cache("auto", [pipe], 80 * 1024) == (
         None,
-        "decoder cache off (on): not for data in object storage, whose images it cannot sample",
+        "decoder cache off (auto): not for data in object storage, whose images it cannot sample",
+    )
+    with pytest.raises(data_sources.DataError) as e:
+        data_sources.plan_decoder_cache("on", [pipe], 80 * 1024)
+    assert str(e.value) == (
+        "--decoder-cache on: not for data in object storage, whose images it cannot sample; "
+        "pass auto or off"
     )
 
 
