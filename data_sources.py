@@ -1076,6 +1076,9 @@ def decode_errors_named(pipe):
                 if changed
                 else f"{pipe.read.data_dir}: DALI failed reading this data (DALI: {dali})"
             ) from None
+        # a file deleted under the run: the search below would stop on it with a traceback
+        if gone := next((f for f in pipe.files if not os.path.isfile(f)), None):
+            raise DataError(f"{gone}: gone since this run listed it (DALI: {dali})") from None
         culprit = find_undecodable(pipe)
         if culprit is None:
             raise

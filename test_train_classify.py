@@ -914,6 +914,33 @@ def test_error_undecodable_val_image_stops_in_the_first_steps(tmp_path):
     assert not os.path.exists(os.path.join(out, "checkpoint.pth"))
 
 
+# Deletes the file named by argv[1] as the first checkpoint is saved: at the end of epoch 1.
+DELETE_AT_FIRST_SAVE = """
+import os, runpy, sys, torch
+gone, sys.argv = sys.argv[1], sys.argv[2:]
+sys.path.insert(0, os.path.dirname(sys.argv[0]))
+save = torch.save
+def save_then_delete(*args, **kwargs):
+    save(*args, **kwargs)
+    if os.path.exists(gone):
+        os.remove(gone)
+torch.save = save_then_delete
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def test_a_val_image_deleted_between_epochs_is_named_in_one_line(tmp_path):
+    # the last of 16 val images: far past what the readers fetch ahead for epoch 2
+    root, out = tiny_imagefolder(str(tmp_path / "d"), per_class=8), str(tmp_path / "o")
+    gone = os.path.join(root, "val", "b", "7.png")
+    spy = tmp_path / "spy.py"
+    spy.write_text(DELETE_AT_FIRST_SAVE)
+    flags = ["--data", root, *TINY, "--epochs", "2", "--output-dir", out]
+    proc = run(gone, SCRIPT, *flags, script=str(spy), check=False)
+    assert_one_line_error(proc, f"error: {gone}: gone since this run listed it")
+    assert [e["epoch"] for e in records(out, "epoch")] == [1]
+
+
 def test_last_batch_is_never_a_single_sample(tmp_path):
     # 5 images, batch 4: the last batch is filled up with real samples instead of BatchNorm failing on one
     root = tiny_imagefolder(str(tmp_path / "d"), train=("a",), val=("a",), per_class=5)
