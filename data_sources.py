@@ -210,14 +210,15 @@ def s3_bucket_key(url):
 
 @functools.lru_cache(maxsize=None)
 def s3_files(url):
-    """{path relative to ``url``: size in bytes} of every object under the s3:// prefix ``url``,
-    listed once; the first byte of its first object is read too."""
+    """{path relative to ``url``: (size in bytes, ETag)} of every object under the s3:// prefix
+    ``url``, listed once (the ETag tells apart two versions of an object of the same size); the
+    first byte of its first object is read too."""
     bucket, key = s3_bucket_key(url)
     prefix = key and key + "/"
     with s3_errors(url) as s3:
         pages = s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
         files = {
-            o["Key"][len(prefix) :]: o["Size"]
+            o["Key"][len(prefix) :]: (o["Size"], o.get("ETag"))
             for page in pages
             for o in page.get("Contents", [])
             if not o["Key"].endswith("/")
@@ -225,7 +226,7 @@ def s3_files(url):
     # Credentials may list objects they may not get, which DALI reports only as "S3 Object not
     # found": one byte read here says "access denied" first. (A range of an empty object is no
     # range, and an object deleted since the listing is no matter here.)
-    if first := next((rel for rel, size in files.items() if size), None):
+    if first := next((rel for rel, (size, _) in files.items() if size), None):
         with contextlib.suppress(FileNotFoundError):
             s3_get(f"s3://{bucket}/{prefix}{first}", "bytes=0-0")
     return files
@@ -263,7 +264,7 @@ def overlapped(fn, items, parallel):
 def s3_size(url):
     """The size of an s3:// object from its prefix's one listing, or None when there is no such
     object."""
-    return s3_files(os.path.dirname(url)).get(os.path.basename(url))
+    return s3_files(os.path.dirname(url)).get(os.path.basename(url), (None,))[0]
 
 
 def isdir(path):
@@ -349,7 +350,7 @@ def remote_shard_index(shard, layout):
         recorded = summary["shard"]["bytes"], summary["index_bytes"], summary["digest"]
     except (ValueError, KeyError, TypeError):
         recorded = None
-    if recorded != (listed[name], listed[name + ".idx"], shard_digest(shard)):
+    if recorded != (listed[name][0], listed[name + ".idx"][0], shard_digest(shard)):
         raise DataError(
             f"{shard}: does not match its index ({name}.idx.json records another size or digest: "
             f"the shard was rewritten since it was indexed); {how}"
@@ -358,8 +359,8 @@ def remote_shard_index(shard, layout):
 
 
 def find_changed(pipe):
-    """The first of ``pipe``'s s3:// files that is gone, or of another size, since the run listed
-    them; or None."""
+    """The first of ``pipe``'s s3:// files that is gone, or of another size or ETag, since the run
+    listed them; or None."""
     split = pipe.read.data_dir
     # the listing this run used, and a new one
     before, now = (

@@ -456,6 +456,19 @@ def test_error_a_prefix_holding_a_character_dalis_s3_reader_cannot_read(s3, sets
         epoch(pipelines.ClassifyValPipeline(4, 1, None, f"{url}/val", crop_size=32))
 
 
+def test_an_object_replaced_by_one_of_the_same_size_is_found_changed(s3, sets):
+    """Another image of the same byte count, other pixels: the listing's ETag tells them apart."""
+    local = os.path.join(sets["folder"][0], "val")
+    url = upload(s3.client, local, "folder-replaced/val")
+    pipe = pipelines.ClassifyValPipeline(4, 1, None, url, crop_size=32, resize_size=36)
+    assert data_sources.find_changed(pipe) is None
+    with open(os.path.join(local, "b", "1.png"), "rb") as f:
+        other = f.read()
+    assert len(other) == os.path.getsize(os.path.join(local, "b", "0.png"))
+    s3.client.put_object(Bucket="bkt", Key="folder-replaced/val/b/0.png", Body=other)
+    assert data_sources.find_changed(pipe) == f"{url}/b/0.png"
+
+
 def test_s3_data_without_boto3_is_one_error_line(tmp_path):
     hide = tmp_path / "hide"  # a sitecustomize that makes boto3 unimportable
     hide.mkdir()
