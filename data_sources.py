@@ -372,6 +372,21 @@ def find_changed(pipe):
     )
 
 
+def data_digest(root, files):
+    """SHA-256 (hex) of the name relative to ``root`` and the size (on s3://, and the ETag) of each
+    of ``files``, in order: what a run reads, from the listing and the inodes alone (no file is
+    read), so that a checkpoint can tell its set from another of as many files, yet not from a copy
+    of it elsewhere."""
+    prefix = root.rstrip("/") + "/"  # a slice: relpath would take most of the time
+    rels = [f[len(prefix) :] if f.startswith(prefix) else os.path.relpath(f, root) for f in files]
+    if remote(root):
+        listed = s3_files(root)  # the listing the run read its files from
+        text = "".join("%s\0%d\0%s\n" % (rel, *listed[rel]) for rel in rels)
+    else:
+        text = "".join(f"{rel}\0{os.stat(f).st_size}\n" for rel, f in zip(rels, files))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
 # classification data: folders, file lists and shards
 # ------------------------------------------------
 

@@ -469,6 +469,17 @@ def test_an_object_replaced_by_one_of_the_same_size_is_found_changed(s3, sets):
     assert data_sources.find_changed(pipe) == f"{url}/b/0.png"
 
 
+def test_the_data_digest_follows_the_objects_not_their_prefix(s3, sets):
+    local = os.path.join(sets["folder"][0], "val")
+    a, b = (upload(s3.client, local, f"digest-{k}/val") for k in "ab")
+    digest = data_sources.data_digest(a, data_sources.walk(a))
+    assert data_sources.data_digest(b, data_sources.walk(b)) == digest
+    with open(os.path.join(local, "b", "1.png"), "rb") as f:  # as many bytes as b/0.png
+        s3.client.put_object(Bucket="bkt", Key="digest-b/val/b/0.png", Body=f.read())
+    clear_caches()
+    assert data_sources.data_digest(b, data_sources.walk(b)) != digest
+
+
 def test_s3_data_without_boto3_is_one_error_line(tmp_path):
     hide = tmp_path / "hide"  # a sitecustomize that makes boto3 unimportable
     hide.mkdir()

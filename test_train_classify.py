@@ -377,6 +377,30 @@ def test_resume_with_another_batch_size_is_refused(demo_run):
     assert_one_line_error(proc, "--resume", "batch 32", "1 x 16")
 
 
+def test_resume_follows_the_data_it_trained_on_not_its_path(tmp_path):
+    """The same files moved elsewhere resume; files of other sizes under the same names (as many,
+    the same classes) are refused; a checkpoint from before the data was recorded resumes as it
+    did."""
+    root, out = tiny_imagefolder(str(tmp_path / "d")), str(tmp_path / "o")
+    tiny_run(root, out)
+    path = os.path.join(out, "checkpoint.pth")
+    moved = shutil.move(root, str(tmp_path / "moved"))
+    tiny_run(moved, out, "--epochs", "2", "--resume", path)
+    assert [e["epoch"] for e in records(out, "epoch")] == [1, 2]
+    for k, c in enumerate(("a", "b")):
+        for i in range(3):
+            Image.new("RGB", (44, 44), (40 * k + 10 * i, 90, 160)).save(
+                os.path.join(moved, "train", c, f"{i}.png")
+            )
+    proc = tiny_run(moved, out, "--epochs", "3", "--resume", path, check=False)
+    assert_one_line_error(proc, f"--resume {path}: trained on other data (")
+    ckpt = torch.load(path, weights_only=True)
+    assert len(ckpt.pop("data_digest")) == 64  # sha256, hex
+    torch.save(ckpt, path)
+    tiny_run(moved, out, "--epochs", "3", "--resume", path)
+    assert [e["epoch"] for e in records(out, "epoch")] == [1, 2, 3]
+
+
 # ------------------------------------------------------------------------------------------
 # recipe switches
 # ------------------------------------------------------------------------------------------

@@ -5,6 +5,7 @@ demo also learns on it. save_overlay's picture (image, truth, prediction, titles
 import csv
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -287,6 +288,21 @@ def test_mid_epoch_resume_gives_the_uninterrupted_weights(tmp_path):
         "2",
     ]
     assert_resume_is_exact(SCRIPT, flags, tmp_path)
+
+
+def test_resume_follows_the_data_it_trained_on_not_its_path(tmp_path):
+    """The same pairs moved elsewhere resume; pairs of other sizes under the same names are
+    refused."""
+    root, out = prepared_root(str(tmp_path / "p")), str(tmp_path / "o")
+    assert tiny(root, out=out).returncode == 0
+    path = os.path.join(out, "checkpoint.pth")
+    moved = shutil.move(root, str(tmp_path / "moved"))
+    proc = tiny(moved, "--epochs", "2", "--resume", path, out=out)
+    assert proc.returncode == 0, proc.stderr
+    assert [e["epoch"] for e in records(out, "epoch")] == [1, 2]
+    prepared_root(moved, size=(48, 48))  # the same names and split, other pixels and sizes
+    proc = tiny(moved, "--epochs", "3", "--resume", path, out=out)
+    assert_one_line_error(proc, f"--resume {path}: trained on other data (")
 
 
 def test_pairs_by_position_with_int64_masks_and_grey_images(tmp_path):

@@ -142,7 +142,7 @@ import torchvision
 from torchvision.transforms import v2
 
 import training
-from data_sources import decode_errors_named, isdir, plan_decoder_cache
+from data_sources import data_digest, decode_errors_named, isdir, plan_decoder_cache
 from pipelines import ClassifyTrainPipeline, ClassifyValPipeline, classify_iterator
 from training import UsageError
 
@@ -377,8 +377,10 @@ def build_loaders(args, world, ckpt, log):
             log({"type": "decoder_cache", "mb": cache}, why)
     if cache:  # again, decoding whole images into the cache (DALI builds nothing until iterated)
         train_pipe, val_pipe, classes = make_pipelines(args, world, dali_state, cache)
+    # what the run reads, for its checkpoints; scoring one needs none
+    digest = None if args.evaluate else data_digest(train_pipe.read.data_dir, train_pipe.files)
     if ckpt:
-        training.check_resumable(ckpt, args, classes, train_pipe.num_samples, world.size)
+        training.check_resumable(ckpt, args, classes, train_pipe.num_samples, world.size, digest)
     with decode_errors_named(train_pipe):  # the iterators decode their first batches right away
         train_loader = classify_iterator(train_pipe)
     with decode_errors_named(val_pipe):
@@ -390,6 +392,7 @@ def build_loaders(args, world, ckpt, log):
         classes=classes,
         num_classes=train_pipe.num_classes,
         num_samples=train_pipe.num_samples,
+        data_digest=digest,
         decoder_cache=cache,
         val_batches=lambda: batches_on_device(val_loader, val_pipe, world.device),
     )

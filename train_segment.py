@@ -115,7 +115,15 @@ from torch import nn
 from torchvision.utils import draw_segmentation_masks, make_grid
 
 import training
-from data_sources import DataError, atomic_open, first_mask_above, isdir, read_split, remote
+from data_sources import (
+    DataError,
+    atomic_open,
+    data_digest,
+    first_mask_above,
+    isdir,
+    read_split,
+    remote,
+)
 from pipelines import fetch_dali_loader, segment_iterator
 from training import UsageError
 
@@ -434,8 +442,11 @@ def build_loaders(args, world, ckpt, log):
     val_pipe = fetch_dali_loader(*splits["valid"], args.batch_size, "eval", **common)
     check_mask_values(args, world, splits)
     classes, num_samples = [str(k) for k in range(args.num_classes)], len(splits["train"][0])
+    imgs, lbls = splits["train"]
+    # what the run reads, for its checkpoints; scoring one needs none
+    digest = None if args.evaluate else data_digest(args.data, imgs + lbls)
     if ckpt:
-        training.check_resumable(ckpt, args, classes, num_samples, world.size)
+        training.check_resumable(ckpt, args, classes, num_samples, world.size, digest)
     train_loader, val_loader = segment_iterator(train_pipe), segment_iterator(val_pipe)
     where = f"run folder {log.dir}; " if log.dir else ""
     val_samples = len(splits["valid"][0])
@@ -457,6 +468,7 @@ def build_loaders(args, world, ckpt, log):
         classes=classes,
         channels=train_pipe.channels,
         num_samples=num_samples,
+        data_digest=digest,
         val_batches=lambda: batches_on_device(val_loader, world.device),
     )
     loaders.train_batches = lambda first_step: train_batches(args, world, loaders, first_step)

@@ -463,8 +463,9 @@ def trim_log(metrics, keep):
 
 class Checkpoints:
     """checkpoint.pth (every epoch, every --checkpoint-every steps, at a stop signal) and best.pth
-    of a run: ``state``'s state dicts, the position, the arguments, the classes, and every
-    process's DALI, random and loss state, for an exact resume. ``extra`` goes in as it is."""
+    of a run: ``state``'s state dicts, the position, the arguments, the classes, the training
+    files' digest, and every process's DALI, random and loss state, for an exact resume. ``extra``
+    goes in as it is."""
 
     def __init__(self, run, state, loaders, args, world, best=-math.inf, **extra):
         self.run, self.state, self.loaders, self.args, self.world = run, state, loaders, args, world
@@ -514,6 +515,7 @@ class Checkpoints:
             classes=self.loaders.classes,
             rng=rng,
             num_samples=self.loaders.num_samples,
+            data_digest=self.loaders.data_digest,
             world_size=self.world.size,
             dali=dali if self.args.loader == "dali" else None,
             **self.extra,
@@ -623,8 +625,9 @@ def load_checkpoint(path):
     return ckpt
 
 
-def check_resumable(ckpt, args, classes, num_samples, world_size):
-    """One line on the first way the checkpoint does not fit this run's model, data or layout."""
+def check_resumable(ckpt, args, classes, num_samples, world_size, digest):
+    """One line on the first way the checkpoint does not fit this run's model, data or layout;
+    ``digest``: data_sources.data_digest of the training files, which older checkpoints lack."""
     where, saved = f"--resume {args.resume}", ckpt["args"]
     if saved["arch"] != args.arch:
         raise UsageError(f"{where}: a checkpoint of --arch {saved['arch']}, not --arch {args.arch}")
@@ -643,6 +646,12 @@ def check_resumable(ckpt, args, classes, num_samples, world_size):
             f"{where}: taken with {then[0]} process(es) x batch {then[1]} on {then[2]} training "
             f"samples, this run has {world_size} x {args.batch_size} on {num_samples}; resume with "
             f"the same, so the remaining steps and samples are the same"
+        )
+    if ckpt.get("data_digest", digest) != digest:
+        raise UsageError(
+            f"{where}: trained on other data (the names, sizes or ETags of the training files in "
+            f"--data {args.data} differ from its run's); resume on that run's data, at any path, "
+            f"or --weights it"
         )
 
 
