@@ -377,8 +377,9 @@ def build_loaders(args, world, ckpt, log):
             log({"type": "decoder_cache", "mb": cache}, why)
     if cache:  # again, decoding whole images into the cache (DALI builds nothing until iterated)
         train_pipe, val_pipe, classes = make_pipelines(args, world, dali_state, cache)
-    # what the run reads, for its checkpoints; scoring one needs none
-    digest = None if args.evaluate else data_digest(train_pipe.read.data_dir, train_pipe.files)
+    # what the run reads, for the checkpoints the main process writes; scoring one needs none
+    on_main = world.main and not args.evaluate
+    digest = data_digest(train_pipe.read.data_dir, train_pipe.files) if on_main else None
     if ckpt:
         training.check_resumable(ckpt, args, classes, train_pipe.num_samples, world.size, digest)
     with decode_errors_named(train_pipe):  # the iterators decode their first batches right away

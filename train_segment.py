@@ -443,8 +443,8 @@ def build_loaders(args, world, ckpt, log):
     check_mask_values(args, world, splits)
     classes, num_samples = [str(k) for k in range(args.num_classes)], len(splits["train"][0])
     imgs, lbls = splits["train"]
-    # what the run reads, for its checkpoints; scoring one needs none
-    digest = None if args.evaluate else data_digest(args.data, imgs + lbls)
+    # what the run reads, for the checkpoints the main process writes; scoring one needs none
+    digest = data_digest(args.data, imgs + lbls) if world.main and not args.evaluate else None
     if ckpt:
         training.check_resumable(ckpt, args, classes, num_samples, world.size, digest)
     train_loader, val_loader = segment_iterator(train_pipe), segment_iterator(val_pipe)

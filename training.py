@@ -627,7 +627,8 @@ def load_checkpoint(path):
 
 def check_resumable(ckpt, args, classes, num_samples, world_size, digest):
     """One line on the first way the checkpoint does not fit this run's model, data or layout;
-    ``digest``: data_sources.data_digest of the training files, which older checkpoints lack."""
+    ``digest``: data_sources.data_digest of the training files (the main process's alone: the
+    others have None), which older checkpoints lack."""
     where, saved = f"--resume {args.resume}", ckpt["args"]
     if saved["arch"] != args.arch:
         raise UsageError(f"{where}: a checkpoint of --arch {saved['arch']}, not --arch {args.arch}")
@@ -647,7 +648,7 @@ def check_resumable(ckpt, args, classes, num_samples, world_size, digest):
             f"samples, this run has {world_size} x {args.batch_size} on {num_samples}; resume with "
             f"the same, so the remaining steps and samples are the same"
         )
-    if ckpt.get("data_digest", digest) != digest:
+    if digest and ckpt.get("data_digest", digest) != digest:
         raise UsageError(
             f"{where}: trained on other data (the names, sizes or ETags of the training files in "
             f"--data {args.data} differ from its run's); resume on that run's data, at any path, "
@@ -886,8 +887,8 @@ class StopSignals:
         """After the stop's checkpoint: one line, and the exit status of the signal's end."""
         if path:  # the main process's
             print(
-                f"stopped by {signal.Signals(signum).name} at epoch {epoch} step {step}{where}: saved "
-                f"{path}; to continue, run the same command with --resume {path}",
+                f"stopped by {signal.Signals(signum).name} at epoch {epoch} step {step}{where}: "
+                f"saved {path}; to continue, run the same command with --resume {path}",
                 file=sys.stderr,
                 flush=True,
             )
