@@ -208,18 +208,17 @@ def contents(samples, keys):
 
 
 def check_paths(src, dst):
+    if "://" in src:  # it reads each image many times over: a local copy first
+        raise DataError(f"{src}: make_shards.py reads local folders; copy the set to local disk")
     for split in SPLITS:
         if not os.path.isdir(os.path.join(src, split)):
             raise DataError(
                 f"{src}: expected ImageFolder subfolders train/ and val/ in it (no {split}/)"
             )
-    if (
-        "://" in dst
-    ):  # the trainers read the local set from object storage once it is uploaded as it is
+    if "://" in dst:  # the trainers read the local set from object storage once it is uploaded
         raise DataError(
             f"{dst}: make_shards.py writes to local disk; write there, then upload the folder as "
-            "it is "
-            f"(aws s3 sync DST {dst})"
+            f"it is (aws s3 sync DST {dst})"
         )
     if os.path.exists(dst) and not os.path.isdir(dst):
         raise DataError(f"{dst}: exists and is not a directory")

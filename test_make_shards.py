@@ -466,6 +466,10 @@ def test_bad_input_is_one_error_line(src, tmp_path, capsys):
         2,
         f"error: {src}: DST must not be SRC {src}, inside it or hold it",
     )
+    assert run_main(capsys, "s3://bkt/imagenet", tmp_path / "dst", *fmt) == (
+        2,
+        "error: s3://bkt/imagenet: make_shards.py reads local folders; copy the set to local disk",
+    )
     (tmp_path / "mine" / "train").mkdir(parents=True)
     (tmp_path / "mine" / "train" / "notes.md").write_text("keep me")
     assert run_main(capsys, src, tmp_path / "mine", *fmt) == (
