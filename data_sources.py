@@ -372,6 +372,11 @@ def find_changed(pipe):
     )
 
 
+def first_gone(files):
+    """The first of the local ``files`` that is no longer there (deleted under the run), or None."""
+    return next((f for f in files if not remote(f) and not os.path.isfile(f)), None)
+
+
 def data_digest(root, files):
     """SHA-256 (hex) of the name relative to ``root`` and the size (on s3://, and the ETag) of each
     of ``files``, in order: what a run reads, from the listing and the inodes alone (no file is
@@ -1093,7 +1098,7 @@ def decode_errors_named(pipe):
                 else f"{pipe.read.data_dir}: DALI failed reading this data (DALI: {dali})"
             ) from None
         # a file deleted under the run: the search below would stop on it with a traceback
-        if gone := next((f for f in pipe.files if not os.path.isfile(f)), None):
+        if gone := first_gone(pipe.files):
             raise DataError(f"{gone}: gone since this run listed it (DALI: {dali})") from None
         culprit = find_undecodable(pipe)
         if culprit is None:

@@ -468,3 +468,49 @@ def test_overlay_shows_image_truth_and_prediction_in_class_colours_with_titles_a
         assert (canvas[2:14, 4 + 36 * col : 36 + 36 * col] > 200).all(axis=-1).sum() >= 10
     legend = 16 + 2 * 36 + 4
     assert (canvas[legend + 5, 6] == green).all() and (canvas[legend + 16 + 5, 6] == magenta).all()
+
+
+# Deletes the file named by argv[1] as the first checkpoint is saved: at the end of epoch 1.
+DELETE_AT_FIRST_SAVE = """
+import os, runpy, sys, torch
+gone, sys.argv = sys.argv[1], sys.argv[2:]
+sys.path.insert(0, os.path.dirname(sys.argv[0]))
+save = torch.save
+def save_then_delete(*args, **kwargs):
+    save(*args, **kwargs)
+    if os.path.exists(gone):
+        os.remove(gone)
+torch.save = save_then_delete
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def test_a_val_image_deleted_between_epochs_is_named_in_one_line(tmp_path):
+    root = prepared_root(str(tmp_path / "p"), n=48, size=(16, 16))
+    with open(os.path.join(root, "csv_file", "valid.csv")) as f:
+        last = list(csv.DictReader(f))[-1]  # read far past what the readers fetch ahead
+    gone = os.path.join(root, last["images"])
+    spy = tmp_path / "spy.py"
+    spy.write_text(DELETE_AT_FIRST_SAVE)
+    out = str(tmp_path / "o")
+    flags = ["--data", root, "--size", "32", "--unet-width", "8", "-b", "2", "--epochs", "2"]
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(spy),
+            gone,
+            SCRIPT,
+            *flags,
+            "--dali-device",
+            "cpu",
+            "--output-dir",
+            out,
+        ],
+        cwd=HERE,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=CPU_ENV,
+    )
+    assert_one_line_error(proc, f"error: {gone}: gone since this run listed it")
+    assert [e["epoch"] for e in records(out, "epoch")] == [1]

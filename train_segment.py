@@ -119,6 +119,7 @@ from data_sources import (
     DataError,
     atomic_open,
     data_digest,
+    first_gone,
     first_mask_above,
     isdir,
     read_split,
@@ -469,7 +470,8 @@ def build_loaders(args, world, ckpt, log):
         channels=train_pipe.channels,
         num_samples=num_samples,
         data_digest=digest,
-        val_batches=lambda: batches_on_device(val_loader, world.device),
+        train_files=imgs + lbls,
+        val_batches=lambda: batches_on_device(val_loader, sum(splits["valid"], []), world.device),
     )
     loaders.train_batches = lambda first_step: train_batches(args, world, loaders, first_step)
     return loaders
@@ -491,7 +493,7 @@ def train_batches(args, world, loaders, first_step):
     """The rest of the epoch's training batches: DALI's, or with --loader synthetic one random
     batch already on the device, every step (the ceiling for any loader)."""
     if args.loader == "dali":
-        return batches_on_device(loaders.train_loader, world.device)
+        return batches_on_device(loaders.train_loader, loaders.train_files, world.device)
     shape = (args.batch_size, loaders.channels, args.size, args.size)
     images = torch.randn(shape, device=world.device)
     classes = max(2, args.num_classes)
@@ -501,10 +503,17 @@ def train_batches(args, world, loaders, first_step):
     return [(images, masks)] * (loaders.steps - first_step)
 
 
-def batches_on_device(loader, device):
-    for batch in loader:
-        images, masks = batch[0]["image"], batch[0]["mask"].long()
-        yield images.to(device, non_blocking=True), masks.to(device, non_blocking=True)
+def batches_on_device(loader, files, device):
+    """A DALI iterator's (images, masks) on ``device``. DALI's error over one of ``files`` deleted
+    under the run becomes one line naming it."""
+    try:
+        for batch in loader:
+            images, masks = batch[0]["image"], batch[0]["mask"].long()
+            yield images.to(device, non_blocking=True), masks.to(device, non_blocking=True)
+    except RuntimeError:
+        if gone := first_gone(files):
+            raise DataError(f"{gone}: gone since this run listed it") from None
+        raise
 
 
 if __name__ == "__main__":
