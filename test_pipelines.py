@@ -890,7 +890,7 @@ def test_cpu_pipelines_pass_these_tests_with_operators_running_at_once():
     )
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
     assert "Forced use of NewThreadPool" in run.stdout + run.stderr
-    assert re.search(r"\b1\d\d passed", run.stdout), run.stdout[-500:]
+    assert re.search(r"\b\d{3,} passed", run.stdout), run.stdout[-500:]  # every one of them
 
 
 # ------------------------------------------------------------------------------------------
