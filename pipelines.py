@@ -403,7 +403,7 @@ class SegmentValPipeline(Pipeline):
         )
         # Arguments are checked once the Pipeline exists: a half-built one cannot be cleaned up.
         positive_int("batch_size", batch_size)
-        size = image_size(size)
+        self.size = image_size(size)
         image, mask = check_segmentation_files(imgs, lbls)  # (shape, dtype) of each, from headers
         if image[1].kind == "f":
             if found := first_nonfinite(list(imgs)[shard_id::num_shards], num_threads):
@@ -433,11 +433,11 @@ class SegmentValPipeline(Pipeline):
         )
         self.read_image = ops.readers.Numpy(files=list(imgs), name="ReaderX", **reader_args)
         self.read_mask = ops.readers.Numpy(files=list(lbls), name="ReaderY", **reader_args)
-        self.build_mask_ops(mask, size)
+        self.build_mask_ops(mask, self.size)
         # One pool for a CPU-only pipeline's torch code (its resize, the training noise); threads
         # start on use.
         self.torch_threads = None if self.on_gpu else torch_threads(num_threads)
-        self.build_image_ops(image, size, num_threads)
+        self.build_image_ops(image, self.size, num_threads)
         self.build_normalize(image, mean, std)
 
     def build_mask_ops(self, mask, size):
@@ -459,15 +459,13 @@ class SegmentValPipeline(Pipeline):
         self.mask_to_output = unchanged
         if handed_out != resized:
             self.mask_to_output = ops.Cast(device=device, dtype=handed_out)
-        # The training pipeline flips by reading the region of interest backwards (flip_by_roi).
+        self.mask_type = handed_out
+        # The training pipeline flips by reading the region of interest backwards, and may give
+        # each sample a size of its own (flip_by_roi).
         resize = ops.Resize(
-            device=device,
-            size=list(size),
-            interp_type=types.INTERP_NN,
-            antialias=False,
-            roi_relative=True,
+            device=device, interp_type=types.INTERP_NN, antialias=False, roi_relative=True
         )
-        self.resize_mask = functools.partial(flip_by_roi, resize)
+        self.resize_mask = functools.partial(flip_by_roi, resize, list(size))
 
     def build_image_ops(self, image, size, num_threads):
         device = "gpu" if self.on_gpu else "cpu"
@@ -483,13 +481,9 @@ class SegmentValPipeline(Pipeline):
             self.to_chw = unchanged  # torch hands out CHW
         else:
             resize = ops.Resize(
-                device=device,
-                size=list(size),
-                interp_type=types.INTERP_LINEAR,
-                antialias=False,
-                roi_relative=True,
+                device=device, interp_type=types.INTERP_LINEAR, antialias=False, roi_relative=True
             )
-            self.resize_image = functools.partial(flip_by_roi, resize)
+            self.resize_image = functools.partial(flip_by_roi, resize, list(size))
             self.to_chw = ops.Transpose(device=device, perm=[2, 0, 1], output_layout="CHW")
 
     def build_normalize(self, image, mean, std):
@@ -544,9 +538,12 @@ class SegmentTrainPipeline(SegmentValPipeline):
     """``SegmentValPipeline`` plus augmentations, on the device of the pipeline.
 
     Flips (vertical, horizontal; ``flip_p`` each) are drawn per sample and applied to image and mask
-    alike. On the normalized image only, each drawn per sample with its own probability: Gaussian
-    noise, Gaussian blur, brightness scaling, and contrast scaling clamped to the image's own
-    min/max.
+    alike. With ``scale_range`` (low, high), as torchvision's segmentation training: each sample
+    scaled by its own s ~ U(low, high) (1 is ``size``; image linearly, mask by nearest neighbour),
+    then cut back to ``size`` at a random place, padded where it came out smaller: the mask with
+    ``mask_pad``, the normalized image with 0 (the mean colour). On the normalized image only, each
+    drawn per sample with its own probability: Gaussian noise, Gaussian blur, brightness scaling,
+    and contrast scaling clamped to the image's own min/max.
     """
 
     shuffle = True
@@ -571,6 +568,8 @@ class SegmentTrainPipeline(SegmentValPipeline):
         brightness=(0.7, 1.3),
         contrast_p=0.13,
         contrast=(0.9, 1.1),
+        scale_range=None,
+        mask_pad=0,
         **kwargs,
     ):
         super().__init__(batch_size, num_threads, device_id, imgs, lbls, **kwargs)
@@ -587,6 +586,7 @@ class SegmentTrainPipeline(SegmentValPipeline):
         # (vertical, horizontal)
         self.flip_coins = ops.random.CoinFlip(probability=flip_p, shape=[2])
         self.as_float = ops.Cast(dtype=types.FLOAT)
+        self.build_scale(scale_range, mask_pad)
         self.noise_coin = ops.random.CoinFlip(probability=noise_p, dtype=types.BOOL)
         self.build_noise(noise_std)
         self.blur_coin = ops.random.CoinFlip(probability=blur_p, dtype=types.BOOL)
@@ -605,6 +605,29 @@ class SegmentTrainPipeline(SegmentValPipeline):
         self.split_draw = ops._conditional.Split(device="cpu")
         self.merge = ops._conditional.Merge(device=device)
 
+    def build_scale(self, scale_range, mask_pad):
+        lowest, highest = (0, 255) if self.mask_type == types.UINT8 else (-(2**31), 2**31 - 1)
+        if not (isinstance(mask_pad, (int, np.integer)) and lowest <= mask_pad <= highest):
+            raise ValueError(
+                f"mask_pad must be a whole number in [{lowest}, {highest}] (what the masks hold), "
+                f"got {mask_pad!r}"
+            )
+        self.scale = None
+        if scale_range is None:
+            return
+        value_range("scale_range", scale_range, positive=True)
+        low, high = (float(v) for v in scale_range)
+        # DALI's range must not be empty: low == high is the one value
+        draw = dict(range=[low, high]) if low < high else dict(values=[low])
+        self.scale = ops.random.Uniform(**draw)
+        # One crop position per sample, for image and mask alike.
+        self.crop_x = ops.random.Uniform(range=[0.0, 1.0])
+        self.crop_y = ops.random.Uniform(range=[0.0, 1.0])
+        device = "gpu" if self.on_gpu else "cpu"
+        crop = dict(device=device, crop=list(self.size), out_of_bounds_policy="pad")
+        self.crop_image = ops.Crop(**crop, fill_values=0.0)
+        self.crop_mask = ops.Crop(**crop, fill_values=float(mask_pad))
+
     def build_noise(self, noise_std):
         self.noise_draws = [ops.random.Uniform(range=list(noise_std))]  # the stddev
         if self.on_gpu:
@@ -622,14 +645,32 @@ class SegmentTrainPipeline(SegmentValPipeline):
     def define_graph(self):
         image, mask = self.read()
         flips = self.as_float(self.flip_coins())  # one draw per sample for image and mask alike
-        image, mask = self.resize_image(image, flips), self.resize_mask(mask, flips)
-        image = self.normalize(image)
+        sizes = self.draw_sizes()  # with scale_range, likewise one scale per sample for both
+        image, mask = self.resize_image(image, flips, *sizes), self.resize_mask(mask, flips, *sizes)
+        # Cut after normalizing: padding is then not counted in an image's own mean and std.
+        image, mask = self.random_crop(self.normalize(image), self.output_mask(mask))
         image = self.where_drawn(self.noise_coin, self.add_noise, image, *self.noise_draws)
         image = self.where_drawn(self.blur_coin, self.blur, image, self.blur_sigma)
         brighten = lambda x, factor: x * factor  # noqa: E731
         image = self.where_drawn(self.brightness_coin, brighten, image, self.brightness)
         image = self.where_drawn(self.contrast_coin, self.scale_contrast, image, self.contrast)
-        return image, self.output_mask(mask)
+        return image, mask
+
+    def draw_sizes(self):
+        """With ``scale_range``, each sample's (height, width): ``size`` times its scale, in whole
+        pixels; without, none (the fixed ``size``)."""
+        if self.scale is None:
+            return ()
+        sizes = dmath.floor(self.scale() * types.Constant(np.float32(self.size)) + 0.5)
+        return (dmath.max(sizes, 1.0),)
+
+    def random_crop(self, image, mask):
+        """With ``scale_range``, ``size`` out of each scaled image and mask, at one random place for
+        both; a side shorter than ``size`` lands at a random place in its padding."""
+        if self.scale is None:
+            return image, mask
+        where = dict(crop_pos_x=self.crop_x(), crop_pos_y=self.crop_y())
+        return self.crop_image(image, **where), self.crop_mask(mask, **where)
 
     def where_drawn(self, coin, augment, image, *draws):
         """``augment(image, *values)`` on the samples whose ``coin`` came up, the others as they
@@ -692,6 +733,8 @@ AUGMENTATION_KEYS = (
     "brightness",
     "contrast_p",
     "contrast",
+    "scale_range",
+    "mask_pad",
 )
 # The nail-segmentation write-up's settings that stand for one of ours: DALI threads, shards.
 WRITEUP_KEYS = ("num_workers", "gpus")
@@ -800,16 +843,20 @@ def probability(name, value):
         raise ValueError(f"{name} must be a probability in [0, 1], got {value!r}")
 
 
-def value_range(name, bounds, high=math.inf):
-    """A ValueError naming ``name`` unless ``bounds`` is (low, high) with 0 <= low <= high, both
-    finite, and high at most ``high``."""
+def value_range(name, bounds, high=math.inf, positive=False):
+    """A ValueError naming ``name`` unless ``bounds`` is (low, high) with 0 <= low <= high (0 < low
+    if ``positive``), both finite, and high at most ``high``."""
     try:
         low_value, high_value = (float(v) for v in bounds)
     except (TypeError, ValueError):
         raise ValueError(f"{name} must be a (low, high) pair, got {bounds!r}") from None
-    if not (0 <= low_value <= high_value <= high and math.isfinite(high_value)):
+    above = 0 < low_value if positive else 0 <= low_value
+    if not (above and low_value <= high_value <= high and math.isfinite(high_value)):
         limit = f", at most {high}" if math.isfinite(high) else ""
-        raise ValueError(f"{name} must be (low, high) with 0 <= low <= high{limit}, got {bounds!r}")
+        zero = "0 <" if positive else "0 <="
+        raise ValueError(
+            f"{name} must be (low, high) with {zero} low <= high{limit}, got {bounds!r}"
+        )
 
 
 def env_int(name, default):
@@ -858,20 +905,21 @@ def antialiased_resize(device_id, num_threads, size):
     )
 
 
-def flip_by_roi(resize, data, flips=None):
-    """DALI's ``resize`` of ``data``, flipped where ``flips`` (vertical, horizontal) is 1: the
-    region of interest read backwards, from 1 to 0 along the flipped axes, costs no pass of its
-    own."""
+def flip_by_roi(resize, size, data, flips=None, sizes=None):
+    """DALI's ``resize`` of ``data`` to ``size`` (height, width), or to each sample's own ``sizes``
+    where given, flipped where ``flips`` (vertical, horizontal) is 1: the region of interest read
+    backwards, from 1 to 0 along the flipped axes, costs no pass of its own."""
+    size = size if sizes is None else sizes
     if flips is None:
-        return resize(data)
-    return resize(data, roi_start=flips, roi_end=1 - flips)
+        return resize(data, size=size)
+    return resize(data, size=size, roi_start=flips, roi_end=1 - flips)
 
 
-def resize_with_torch(pool, threads, size, antialias, images, flips=None):
+def resize_with_torch(pool, threads, size, antialias, images, flips=None, sizes=None):
     """DALI's CPU ``Resize``, computed by torch on the ``threads`` threads of ``pool``: ``images``
-    (HWC uint8 NumPy arrays of any size) resized to ``size`` (height, width), each flipped where its
-    ``flips`` (vertical, horizontal) is 1; CHW uint8 arrays, torch's own layout (a copy back to HWC
-    cost more than it saved).
+    (HWC uint8 NumPy arrays of any size) resized to ``size`` (height, width), or each to its own
+    ``sizes`` where given, each flipped where its ``flips`` (vertical, horizontal) is 1; CHW uint8
+    arrays, torch's own layout (a copy back to HWC cost more than it saved).
 
     Torch's bilinear resize samples pixel centres as DALI's linear one does and, with
     ``antialias``, widens its triangle to the scale when shrinking, as DALI's ``INTERP_TRIANGULAR``
@@ -883,10 +931,10 @@ def resize_with_torch(pool, threads, size, antialias, images, flips=None):
 
     def resize(jobs):
         out = []
-        for image, flip in jobs:
+        for image, flip, shape in jobs:
             nchw = torch.from_numpy(image[None].transpose(0, 3, 1, 2))
             resized = torch.nn.functional.interpolate(
-                nchw, size=size, mode="bilinear", antialias=antialias
+                nchw, size=[int(side) for side in shape], mode="bilinear", antialias=antialias
             )
             dims = [d for d, f in zip((2, 3), flip) if f]
             if dims:
@@ -896,7 +944,9 @@ def resize_with_torch(pool, threads, size, antialias, images, flips=None):
 
     if flips is None:
         flips = [(0, 0)] * len(images)
-    jobs = list(zip(images, flips))
+    if sizes is None:
+        sizes = [size] * len(images)
+    jobs = list(zip(images, flips, sizes))
     step = max(1, -(-len(jobs) // (2 * threads)))  # two runs a thread even out uneven images
     runs = [jobs[i : i + step] for i in range(0, len(jobs), step)]
     return [array for run in pool.map(resize, runs) for array in run]

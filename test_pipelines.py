@@ -545,6 +545,69 @@ def test_contrast_stays_within_the_image_range(seg_files):
         assert b.min() >= a.min() - 1e-5 and b.max() <= a.max() + 1e-5
 
 
+def ramp_pairs(tmp_path, n):
+    """``n`` copies of one pair that tells where each pixel came from: image channels 0 and 1 are
+    10 x its row and 6 x its column, channel 2 is 50; the int64 mask is row * SEG_W + column."""
+    rows, cols = np.mgrid[:SEG_H, :SEG_W]
+    image = np.stack([10 * rows, 6 * cols, np.full_like(rows, 50)], -1).astype(np.uint8)
+    return save_pairs(tmp_path, [image] * n, [rows * SEG_W + cols] * n)
+
+
+def ramp_scales(coords, pad, axis):
+    """Each sample's output pixels per source pixel along ``axis``: the mean step of the source
+    coordinate between unpadded neighbours."""
+    steps = np.abs(np.diff(np.where(pad, np.nan, coords), axis=axis))
+    return 1 / np.nanmean(steps, axis=(1, 2))
+
+
+SCALED = dict(NO_AUGMENT, flip_p=0.5, scale_range=(0.5, 2.0))
+
+
+@pytest.mark.parametrize(
+    "device_id", [pytest.param(None, id="cpu"), pytest.param(0, marks=gpu, id="gpu")]
+)
+def test_scale_range_scales_image_and_mask_alike_then_crops_to_size(tmp_path, device_id):
+    """Where each pixel came from, read linearly from the image and by nearest neighbour from the
+    mask, agrees to half a source pixel: both were scaled, flipped and cropped by the same draws.
+    The padding is where both show it; the ramps' slopes give each sample's scale, the same along
+    rows and columns (1 is ``size``), different between samples, and the seed repeats them."""
+    imgs, lbls = ramp_pairs(tmp_path, 20)
+
+    def run(seed):
+        kwargs = dict(size=(SEG_H, SEG_W), device_id=device_id, seed=seed, mask_pad=-1, **SCALED)
+        images, masks = seg_epoch(seg_loader(imgs, lbls, batch_size=10, mode="train", **kwargs))
+        return images.cpu(), masks.cpu()
+
+    images, masks = run(seed=5)
+    assert images.shape == (20, 3, SEG_H, SEG_W) and masks.shape == (20, 1, SEG_H, SEG_W)
+    raw, masks = unnormalize(images), masks[:, 0].numpy()
+    pad = masks == -1
+    assert set(np.unique(masks)) <= set(range(SEG_H * SEG_W)) | {-1}
+    # the image is padded with 0 after normalization: the mean colour
+    np.testing.assert_array_equal(np.abs(raw[..., 2] - MEAN[2]) < 1e-3, pad)
+    np.testing.assert_allclose(raw[..., 2][~pad], 50, atol=1e-3)
+    assert 0 < pad.any(axis=(1, 2)).sum() < 20  # the samples scaled below 1, not the others
+    rows, cols = raw[..., 0] / 10, raw[..., 1] / 6
+    assert np.abs(rows - masks // SEG_W)[~pad].max() <= 0.5 + 1e-3
+    assert np.abs(cols - masks % SEG_W)[~pad].max() <= 0.5 + 1e-3
+    scales = ramp_scales(rows, pad, axis=1)
+    np.testing.assert_allclose(ramp_scales(cols, pad, axis=2), scales, rtol=0.1)
+    assert 0.45 < scales.min() < 0.8 and 1.5 < scales.max() < 2.2, scales
+    again, other = run(seed=5), run(seed=6)
+    assert torch.equal(again[0], images) and np.array_equal(again[1][:, 0].numpy(), masks)
+    assert not torch.equal(other[0], images)
+
+
+def test_scale_range_keeps_mask_classes_under_all_augmentations(seg_files):
+    aug = dict(SCALED, noise_p=1.0, blur_p=1.0, brightness_p=1.0, contrast_p=1.0)
+    images, masks = seg_epoch(
+        seg_loader(*seg_files, batch_size=5, mode="train", size=(37, 53), mask_pad=255, **aug)
+    )
+    assert images.shape == (SEG_N, 3, 37, 53) and masks.shape == (SEG_N, 1, 37, 53)
+    assert masks.dtype == torch.uint8 and set(masks.unique().tolist()) == {0, 1, 2, 255}
+    assert torch.isfinite(images).all()
+
+
 def test_segment_val_shards_cover_the_dataset_once(seg_files):
     seen = [
         sample_ids(
@@ -830,7 +893,8 @@ def test_shard_out_of_range(seg_files, monkeypatch):
         fetch_dali_loader(*seg_files, batch_size=2, mode="train", gpus=1)
 
 
-def test_checkpoint_resumes_the_train_pipeline(seg_files):
+@pytest.mark.parametrize("scale", [{}, dict(scale_range=(0.5, 2.0))], ids=["fixed", "scaled"])
+def test_checkpoint_resumes_the_train_pipeline(seg_files, scale):
     kwargs = dict(
         batch_size=3,
         mode="train",
@@ -839,6 +903,7 @@ def test_checkpoint_resumes_the_train_pipeline(seg_files):
         enable_checkpointing=True,
         noise_p=0.5,
         blur_p=0.5,
+        **scale,
     )
     loader = seg_loader(*seg_files, **kwargs)
     next(loader)
@@ -917,6 +982,9 @@ def test_mean_of_the_wrong_length(seg_files):
         (dict(mean=[float("nan")], std=[1.0]), r"std must be above 0 and mean finite"),
         (dict(flip_p=2.0), r"flip_p must be a probability in \[0, 1\], got 2.0"),
         (dict(noise_std=(0.3, 0.1)), r"noise_std must be \(low, high\) with 0 <= low <= high, got \(0.3, 0.1\)"),
+        (dict(scale_range=(0, 2)), r"scale_range must be \(low, high\) with 0 < low <= high, got \(0, 2\)"),
+        (dict(scale_range=(2, 1)), r"scale_range must be \(low, high\) with 0 < low <= high, got \(2, 1\)"),
+        (dict(mask_pad=256), r"mask_pad must be a whole number in \[0, 255\] \(what the masks hold\), got 256"),
         (dict(size=(64, 0)), r"size must be a whole number of at least 1, got 0"),
         (dict(size=(1, 2, 3)), r"size must be \(height, width\) or one number, got \(1, 2, 3\)"),
     ],
