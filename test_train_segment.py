@@ -263,7 +263,8 @@ def test_error_data_url_of_another_scheme(tmp_path):
     )
 
 
-def test_mid_epoch_resume_gives_the_uninterrupted_weights(tmp_path):
+@pytest.mark.parametrize("scale", [[], ["--scale-range", "0.5", "2.0"]], ids=["fixed", "scaled"])
+def test_mid_epoch_resume_gives_the_uninterrupted_weights(tmp_path, scale):
     from test_train_classify import assert_resume_is_exact
 
     root = prepared_root(str(tmp_path / "p"), n=16, size=(32, 32))
@@ -286,8 +287,24 @@ def test_mid_epoch_resume_gives_the_uninterrupted_weights(tmp_path):
         "1",
         "--checkpoint-every",
         "2",
+        *scale,
     ]
     assert_resume_is_exact(SCRIPT, flags, tmp_path)
+
+
+def test_scale_range_reaches_the_training_pipeline_and_lo_above_hi_is_refused(tmp_path):
+    """With --scale-range the same run trains on other pixels: its first loss differs."""
+    root = prepared_root(str(tmp_path / "p"))
+    losses = {}
+    for name, flags in (("fixed", []), ("scaled", ["--scale-range", "0.5", "2.0"])):
+        proc = tiny(root, "--print-freq", "1", *flags, out=str(tmp_path / name))
+        assert proc.returncode == 0, proc.stderr
+        losses[name] = [r["loss"] for r in records(str(tmp_path / name), "train")]
+    assert len(losses["scaled"]) == 1 and losses["scaled"] != losses["fixed"]
+    ckpt = torch.load(str(tmp_path / "scaled" / "checkpoint.pth"), weights_only=True)
+    assert ckpt["args"]["scale_range"] == [0.5, 2.0]
+    proc = tiny(root, "--scale-range", "2", "1", out=str(tmp_path / "refused"))
+    assert_one_line_error(proc, "argument --scale-range: must be LO <= HI, got 2 1")
 
 
 def test_resume_follows_the_data_it_trained_on_not_its_path(tmp_path):

@@ -78,6 +78,14 @@ def get_args_parser():
         default=384,
         help="side of the input",
     )
+    g.add_argument(
+        "--scale-range",
+        nargs=2,
+        type=flags.positive,
+        metavar=("LO", "HI"),
+        help="train on random scales, as torchvision's reference (0.5 2.0): image and mask scaled "
+        "by s ~ U(LO, HI) of --size, then randomly cropped or padded back to --size",
+    )
     flags.add_loader_flags(g)
     g = parser.add_argument_group("model")
     g.add_argument(
@@ -101,7 +109,12 @@ def get_args_parser():
 
 
 def parse_args(argv=None):
-    return flags.parse(get_args_parser(), argv, DEMO_DEFAULTS)
+    parser = get_args_parser()
+    args = flags.parse(parser, argv, DEMO_DEFAULTS)
+    if args.scale_range and args.scale_range[0] > args.scale_range[1]:
+        low, high = args.scale_range
+        parser.error(f"argument --scale-range: must be LO <= HI, got {low:g} {high:g}")
+    return args
 
 
 if __name__ == "__main__":
@@ -438,6 +451,8 @@ def build_loaders(args, world, ckpt, log):
         "train",
         enable_checkpointing=True,
         checkpoint=checkpoint,
+        scale_range=args.scale_range,
+        mask_pad=0,  # padding counts as background while the loss has no class to ignore
         **common,
     )
     val_pipe = fetch_dali_loader(*splits["valid"], args.batch_size, "eval", **common)
