@@ -13,8 +13,11 @@ prepared root, the input of ``pipelines.fetch_dali_loader``:
 
 Masks: a palette PNG (mode P) gives its palette indices as classes. A greyscale PNG (or an RGB one
 with R == G == B everywhere) whose values are all in {0, 255} is binary and becomes 0/1; any other
-greyscale values are kept as class indices. A colour RGB mask is an error: save it as a palette or
-class-index PNG, so that classes are indices and not colours.
+greyscale values are kept as class indices. With ``ignore_index`` 255 (``--ignore-index 255``: 255
+marks pixels to leave out, as in VOC, Cityscapes and ADE20K) 255 is never read as binary: every
+mask keeps its values, so a mask holding only background and ignored pixels does not turn its
+ignored pixels into class 1. A colour RGB mask is an error: save it as a palette or class-index
+PNG, so that classes are indices and not colours.
 
 The prepared root mirrors its PNG root. Beside each ``.npy`` a hidden record
 (``.<name>.npy.source``) holds the size and SHA-256 of the PNG bytes it was converted from; a re-run
@@ -53,6 +56,7 @@ import argparse
 import contextlib
 import csv
 import fcntl
+import functools
 import hashlib
 import io
 import json
@@ -255,7 +259,7 @@ def _image_array(path, data):
     return np.asarray(eight_bits(_load_png(path, data)).convert("RGB"))
 
 
-def _mask_array(path, data):
+def _mask_array(path, data, ignore_index=None):
     """(H, W, 1) uint8 class indices, by the rules of the module docstring."""
     img = _load_png(path, data)
     if img.mode == "P":
@@ -278,7 +282,7 @@ def _mask_array(path, data):
             "(expected greyscale L, palette P, or RGB with R == G == B)"
         )
     present = np.unique(values)
-    if set(present.tolist()) <= {0, 255}:
+    if set(present.tolist()) <= {0, 255} and ignore_index != 255:
         values = values == 255
     elif present[0] < 0 or present[-1] > 255:
         raise DataError(
@@ -303,8 +307,9 @@ def _sha256(f):
     return digest.hexdigest()
 
 
-def _is_current(npy, png, shape):
-    """Whether ``npy`` is a complete uint8 array of ``shape`` converted from ``png`` as it is now.
+def _is_current(npy, png, shape, rule=None):
+    """Whether ``npy`` is a complete uint8 array of ``shape`` converted from ``png`` as it is now,
+    by ``rule`` (the record's, None for the default conversion).
 
     The content decides, not the timestamp: a replaced PNG can carry any modification time
     (``cp -p``, ``rsync -t`` and ``tar`` keep the old file's), but not the old bytes.
@@ -316,7 +321,7 @@ def _is_current(npy, png, shape):
             # The size first: a PNG of another size is not read to be hashed.
             if record["size"] != os.fstat(f.fileno()).st_size:
                 return False
-            if record["sha256"] != _sha256(f):
+            if record["sha256"] != _sha256(f) or record.get("rule") != rule:
                 return False
         # The memory map checks that the file holds all the data its header announces.
         array = np.load(npy, mmap_mode="r")
@@ -325,8 +330,9 @@ def _is_current(npy, png, shape):
     return array.shape == shape and array.dtype == np.uint8
 
 
-def _convert(png, npy, to_array):
-    """Write ``npy`` from ``png``, then its record of the very bytes that were converted."""
+def _convert(png, npy, to_array, rule):
+    """Write ``npy`` from ``png`` by ``to_array``, then its record of the very bytes that were
+    converted and the ``rule`` they were converted by."""
     with open(png, "rb") as f:
         data = f.read()
     array = to_array(png, data)
@@ -335,9 +341,10 @@ def _convert(png, npy, to_array):
     # record, which the next run converts again, never a record that vouches for the wrong one.
     _remove(record)
     _write_atomic(npy, _npy_bytes(array))
-    _write_atomic(
-        record, json.dumps({"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}).encode()
-    )
+    written = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    if rule:
+        written["rule"] = rule
+    _write_atomic(record, json.dumps(written).encode())
 
 
 def _outputs(dst_root):
@@ -354,10 +361,13 @@ def _outputs(dst_root):
     return found
 
 
-def _plan(pairs, src_root, dst_root):
-    """(todo, stale) of ``png2numpy``: the (png, npy, to_array) to convert, and the ``.npy`` to
-    remove."""
+def _plan(pairs, src_root, dst_root, ignore_index=None):
+    """(todo, stale) of ``png2numpy``: the (png, npy, to_array, rule) to convert, and the ``.npy``
+    to remove."""
     wanted, todo = set(), []
+    # Masks converted under another rule for 255 are converted again.
+    mask_rule = "keep 255" if ignore_index == 255 else None
+    to_mask = functools.partial(_mask_array, ignore_index=ignore_index)
     for group, stem, image_png, mask_png in progress(pairs, len(pairs), "checking PNG pairs"):
         image_size, mask_size = _png_size(image_png), _png_size(mask_png)
         if image_size != mask_size:
@@ -365,14 +375,14 @@ def _plan(pairs, src_root, dst_root):
                 f"{mask_png}: mask is {mask_size[0]}x{mask_size[1]} but its image {image_png} is "
                 f"{image_size[0]}x{image_size[1]} (height x width must match)"
             )
-        for kind, png, to_array, channels in (
-            ("Images", image_png, _image_array, 3),
-            ("Masks", mask_png, _mask_array, 1),
+        for kind, png, to_array, channels, rule in (
+            ("Images", image_png, _image_array, 3, None),
+            ("Masks", mask_png, to_mask, 1, mask_rule),
         ):
             npy = os.path.join(dst_root, kind, group, stem + ".npy")
             wanted.add(npy)
-            if not _is_current(npy, png, (*image_size, channels)):
-                todo.append((png, npy, to_array))
+            if not _is_current(npy, png, (*image_size, channels), rule):
+                todo.append((png, npy, to_array, rule))
     stale = sorted(_outputs(dst_root) - wanted)
     for npy in stale:
         if not os.path.exists(_record_path(npy)):
@@ -386,9 +396,10 @@ def _plan(pairs, src_root, dst_root):
     return todo, stale
 
 
-def png2numpy(src_root, dst_root):
+def png2numpy(src_root, dst_root, ignore_index=None):
     """Mirror the PNG pairs of ``src_root`` as ``.npy`` pairs under ``dst_root``; returns the
-    number of ``.npy`` files written (0 when everything was up to date).
+    number of ``.npy`` files written (0 when everything was up to date). ``ignore_index`` 255 keeps
+    255 in every mask (the module docstring).
 
     A ``.npy`` this function wrote whose PNG is gone is removed, with its record; a ``.npy``
     without a record and without a PNG is an error, raised before anything changes.
@@ -397,12 +408,12 @@ def png2numpy(src_root, dst_root):
     # Checking only reads, so runs at once (torchrun ranks) check side by side and take turns
     # only when there is work, which is planned again then: another run may have done it.
     with _locked(dst_root, fcntl.LOCK_SH):
-        todo, stale = _plan(pairs, src_root, dst_root)
+        todo, stale = _plan(pairs, src_root, dst_root, ignore_index)
     if not todo and not stale:
         return 0
     with _locked(dst_root):
         _remove_leftovers(dst_root)
-        todo, stale = _plan(pairs, src_root, dst_root)
+        todo, stale = _plan(pairs, src_root, dst_root, ignore_index)
         if todo or stale:
             # The split marks a complete root, so it goes before any .npy changes.
             for split in SPLITS:
@@ -414,8 +425,8 @@ def png2numpy(src_root, dst_root):
             _remove(_record_path(npy))
             with contextlib.suppress(OSError):
                 os.rmdir(os.path.dirname(npy))  # only if that emptied the group's folder
-        for png, npy, to_array in progress(todo, len(todo), "converting PNGs to .npy"):
-            _convert(png, npy, to_array)
+        for png, npy, to_array, rule in progress(todo, len(todo), "converting PNGs to .npy"):
+            _convert(png, npy, to_array, rule)
     return len(todo)
 
 
@@ -463,12 +474,12 @@ def make_csv_file_npy(dst_root, valid_fraction=0.2, seed=42):
     return counts
 
 
-def prepare(root, valid_fraction=0.2, seed=42, demo=False):
+def prepare(root, valid_fraction=0.2, seed=42, demo=False, ignore_index=None):
     """The prepared root for ``root``, which is one of:
 
     - a prepared root (has ``csv_file/train.csv`` and ``csv_file/valid.csv``): returned as is;
     - a PNG root (has ``Images/`` and ``Masks/``): converted and split into ``root/npy``, which
-      is returned. Running it again only redoes what changed.
+      is returned. Running it again only redoes what changed; ``ignore_index`` as ``png2numpy``'s.
 
     With ``demo``, the synthetic demo PNG set is written into ``root`` first (``make_demo_pngs``).
     """
@@ -482,7 +493,7 @@ def prepare(root, valid_fraction=0.2, seed=42, demo=False):
             f"nor a PNG root (Images/<group>/<name>.png, Masks/<group>/<name>.png)"
         )
     prepared = os.path.join(root, PREPARED_SUBDIR)
-    png2numpy(root, prepared)
+    png2numpy(root, prepared, ignore_index)
     make_csv_file_npy(prepared, valid_fraction, seed)
     return prepared
 
@@ -687,6 +698,12 @@ def main(argv=None):
         "--seed", type=int, default=42, help="seed of the train/valid split (default: %(default)s)"
     )
     parser.add_argument(
+        "--ignore-index",
+        type=int,
+        help="mask value of pixels to leave out; 255 keeps 255 in every mask, never read as the "
+        "foreground of a binary 0/255 mask",
+    )
+    parser.add_argument(
         "--demo", action="store_true", help="first write the synthetic demo PNG set into SRC"
     )
     parser.add_argument(
@@ -718,7 +735,7 @@ def main(argv=None):
                 f"{args.demo_size}x{args.demo_size} ({written} PNG files written)"
             )
         if args.dst is not None:
-            written = png2numpy(args.src, args.dst)
+            written = png2numpy(args.src, args.dst, args.ignore_index)
             counts = make_csv_file_npy(args.dst, args.valid_fraction, args.seed)
             n_train, n_valid = (sum(c[k] for c in counts.values()) for k in (0, 1))
             groups = ", ".join(f"{g or '.'}: {t}+{v}" for g, (t, v) in counts.items())

@@ -1216,11 +1216,16 @@ def first_nonfinite(paths, threads=8):
         return next((path for path, ok in zip(paths, finite) if not ok), None)
 
 
-def first_mask_above(lbls, limit, threads=8):
-    """(path, largest value) of the first mask in ``lbls`` that holds a value above ``limit``, or
-    None: every mask is read, on ``threads`` threads."""
+def first_mask_above(lbls, limit, threads=8, ignore=None):
+    """(path, largest value) of the first mask in ``lbls`` that holds a value above ``limit``
+    (``ignore`` aside), or None: every mask is read, on ``threads`` threads."""
+
+    def largest_kept(path):
+        mask = load_npy(path)
+        return int(mask[mask != ignore].max(initial=0) if ignore is not None else mask.max())
+
     with ThreadPoolExecutor(threads) as pool:
-        largest = pool.map(lambda path: int(load_npy(path).max()), lbls)
+        largest = pool.map(largest_kept, lbls)
         return next(((path, value) for path, value in zip(lbls, largest) if value > limit), None)
 
 

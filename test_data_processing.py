@@ -646,3 +646,26 @@ def test_long_conversion_prints_progress_on_stderr_and_a_quick_one_none(tmp_path
     assert lines.count("checking PNG pairs: 12 done in 26 s") == 2, lines
     assert "converting PNGs to .npy: 3/24 (12 %), 0.5/s, eta 42 s" in lines, lines
     assert lines[-1] == "converting PNGs to .npy: 24 done in 50 s", lines
+
+
+def test_ignore_index_255_keeps_255_in_every_mask_and_converts_again_when_it_changes(tmp_path):
+    """Without it a 0/255 mask is binary (0/1); with 255 as the ignore value, a mask of background
+    and ignored pixels alone keeps them apart, and so does one with classes too."""
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    only_ignored = np.zeros((6, 5), np.uint8)
+    only_ignored[:, 0] = 255
+    with_classes = only_ignored.copy()
+    with_classes[2:4, 2:4] = 2
+    for name, mask in (("a", only_ignored), ("b", with_classes)):
+        save(src / "Images" / "1" / f"{name}.png", np.zeros((6, 5, 3), np.uint8))
+        save(src / "Masks" / "1" / f"{name}.png", mask)
+
+    def masks():
+        return [np.load(dst / "Masks" / "1" / f"{n}.npy")[..., 0] for n in "ab"]
+
+    assert png2numpy(src, dst) == 4
+    assert [m.tolist() for m in masks()] == [(only_ignored // 255).tolist(), with_classes.tolist()]
+    assert png2numpy(src, dst, ignore_index=255) == 2  # the masks alone, converted by the new rule
+    assert [m.tolist() for m in masks()] == [only_ignored.tolist(), with_classes.tolist()]
+    assert png2numpy(src, dst, ignore_index=255) == 0
+    assert png2numpy(src, dst) == 2

@@ -531,3 +531,55 @@ def test_a_val_image_deleted_between_epochs_is_named_in_one_line(tmp_path):
     )
     assert_one_line_error(proc, f"error: {gone}: gone since this run listed it")
     assert [e["epoch"] for e in records(out, "epoch")] == [1]
+
+
+@pytest.mark.parametrize("num_classes", [1, 3])
+def test_ignored_pixels_count_in_no_loss(num_classes):
+    """Ignored pixels' scores change nothing, and the loss is the loss of the kept pixels alone:
+    here the right half of each mask is ignored."""
+    from train_segment import dice_ce_loss
+
+    torch.manual_seed(0)
+    logits = torch.randn(2, num_classes, 8, 8)
+    masks = torch.randint(0, max(2, num_classes), (2, 1, 8, 8))
+    masks[..., 4:] = 255
+    loss = dice_ce_loss(logits, masks, num_classes, ignore_index=255)
+    other = logits.clone()
+    other[..., 4:] = torch.randn(2, num_classes, 8, 4) * 10
+    assert dice_ce_loss(other, masks, num_classes, ignore_index=255) == pytest.approx(loss.item())
+    left = dice_ce_loss(logits[..., :4].contiguous(), masks[..., :4].contiguous(), num_classes)
+    assert loss.item() == pytest.approx(left.item(), rel=1e-6)
+
+
+def test_ignore_index_trains_on_masks_holding_it_and_without_it_names_it(tmp_path):
+    root = prepared_root(str(tmp_path / "p"), classes=3)
+    mask = os.path.join(root, "Masks", "1", "1.npy")
+    ignored = np.load(mask)
+    ignored[:8] = 255  # a border of pixels to leave out
+    np.save(mask, ignored)
+    proc = tiny(root, "--num-classes", "3")
+    assert_one_line_error(proc, mask, "class 255", "--ignore-index 255")
+    proc = tiny(root, "--num-classes", "3", "--ignore-index", "255", out=str(tmp_path / "o"))
+    assert proc.returncode == 0, proc.stderr
+    proc = tiny(root, "--num-classes", "3", "--ignore-index", "2", out=str(tmp_path / "o2"))
+    assert_one_line_error(proc, "--ignore-index 2", "--num-classes 3")
+
+
+def test_nearest_neighbour_mask_resize_keeps_the_ignore_value_exact(tmp_path):
+    from pipelines import SegmentValPipeline
+
+    root = prepared_root(str(tmp_path / "p"), n=2, size=(40, 30), classes=3)
+    lbls = [os.path.join(root, "Masks", "1", f"{k}.npy") for k in range(2)]
+    for lbl in lbls:
+        mask = np.load(lbl)
+        mask[::3] = 255
+        np.save(lbl, mask)
+    imgs = [lbl.replace("Masks", "Images") for lbl in lbls]
+    pipe = SegmentValPipeline(2, 1, None, imgs, lbls, size=(64, 48))
+    pipe.build()
+    masks = np.asarray(pipe.run()[1].as_tensor())
+    for lbl, resized in zip(lbls, masks):
+        # DALI's nearest neighbour: output pixel i reads input pixel floor((i + 0.5) * in / out)
+        rows, cols = ((np.arange(o) + 0.5) * i / o for i, o in ((40, 64), (30, 48)))
+        expected = np.load(lbl)[rows.astype(int)][:, cols.astype(int), 0]
+        np.testing.assert_array_equal(resized[0], expected)

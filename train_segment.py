@@ -69,6 +69,12 @@ def get_args_parser():
         help="1: binary (BCE + Dice); more: CE + Dice",
     )
     g.add_argument(
+        "--ignore-index",
+        type=flags.at_least_0,
+        help="mask value of pixels left out of the loss and the metrics (unlabelled pixels and "
+        "borders: 255 in VOC, Cityscapes, ADE20K); a PNG root keeps it as it is",
+    )
+    g.add_argument(
         "--size",
         type=flags.number(
             int,
@@ -114,6 +120,12 @@ def parse_args(argv=None):
     if args.scale_range and args.scale_range[0] > args.scale_range[1]:
         low, high = args.scale_range
         parser.error(f"argument --scale-range: must be LO <= HI, got {low:g} {high:g}")
+    classes = max(2, args.num_classes)
+    if args.ignore_index is not None and args.ignore_index < classes:
+        parser.error(
+            f"--ignore-index {args.ignore_index} is a class of --num-classes {args.num_classes} "
+            f"(0..{classes - 1}); expected a value no class takes, e.g. 255"
+        )
     return args
 
 
@@ -199,18 +211,32 @@ def make_model(args, in_channels):
     return TorchvisionSegmentation(args.arch, args.num_classes)
 
 
-def dice_ce_loss(logits, masks, num_classes):
-    """Cross-entropy (BCE when binary) plus soft Dice over the foreground classes."""
+def dice_ce_loss(logits, masks, num_classes, ignore_index=None):
+    """Cross-entropy (BCE when binary) plus soft Dice over the foreground classes; pixels of
+    ``ignore_index`` count in neither."""
     logits = logits.float()
+    keep = kept_pixels(masks, ignore_index)
+    classes = masks * keep  # ignored pixels as class 0, kept out of every sum below
     if num_classes == 1:
-        target = masks.float()
-        ce, probs = nn.functional.binary_cross_entropy_with_logits(logits, target), logits.sigmoid()
+        target, weight = classes.float(), keep.float()
+        bce = nn.functional.binary_cross_entropy_with_logits(logits, target, reduction="none")
+        ce, probs = (bce * weight).sum() / weight.sum().clamp(min=1), logits.sigmoid()
     else:
-        target = nn.functional.one_hot(masks[:, 0], num_classes).permute(0, 3, 1, 2).float()[:, 1:]
-        ce, probs = nn.functional.cross_entropy(logits, masks[:, 0]), logits.softmax(1)[:, 1:]
+        target = nn.functional.one_hot(classes[:, 0], num_classes).permute(0, 3, 1, 2)[:, 1:]
+        ignore = -100 if ignore_index is None else ignore_index  # -100: torch's default, none
+        ce = nn.functional.cross_entropy(logits, masks[:, 0], ignore_index=ignore)
+        probs = logits.softmax(1)[:, 1:]
+    target, probs = target * keep, probs * keep
     overlap, total = (probs * target).sum((0, 2, 3)), probs.sum((0, 2, 3)) + target.sum((0, 2, 3))
     dice = (2 * overlap + 1) / (total + 1)
     return ce + 1 - dice.mean()
+
+
+def kept_pixels(masks, ignore_index):
+    """Where ``masks`` hold a class: everywhere but the pixels of ``ignore_index``."""
+    if ignore_index is None:
+        return torch.ones_like(masks, dtype=torch.bool)
+    return masks != ignore_index
 
 
 def train_one_epoch(model, criterion, state, steps, step_log, epoch, args):
@@ -259,7 +285,8 @@ def evaluate(model, batches, args, device):
             logits = model(images)
         pred = (logits[:, 0] > 0).long() if args.num_classes == 1 else logits.argmax(1)
         target = masks[:, 0]
-        confusion += torch.bincount((target * n + pred).flatten(), minlength=n * n).double()
+        counted = (target * n + pred)[kept_pixels(target, args.ignore_index)]
+        confusion += torch.bincount(counted, minlength=n * n).double()
         if first is None:
             first = (images[:4].float(), target[:4], pred[:4])
     confusion = torch.tensor(
@@ -312,7 +339,9 @@ def main(args):
     model, state = training.prepare_model(
         make_model(args, loaders.channels), args, world, loaders.steps, log
     )
-    criterion = functools.partial(dice_ce_loss, num_classes=args.num_classes)
+    criterion = functools.partial(
+        dice_ce_loss, num_classes=args.num_classes, ignore_index=args.ignore_index
+    )
     start_epoch, first_step, best, loss_sum = training.resume(
         ckpt, args, world, state, loaders.steps, log
     )
@@ -423,10 +452,10 @@ def locate_data(args, world):
 
         root = DEMO_DIR if args.data == "demo" else args.data
         if world.local_rank == 0:  # one process per node prepares the data, the others wait
-            args.data = prepare(root, demo=root == DEMO_DIR)
+            args.data = prepare(root, demo=root == DEMO_DIR, ignore_index=args.ignore_index)
         if world.distributed:
             dist.barrier()
-            args.data = prepare(root)  # finds what the first one made
+            args.data = prepare(root, ignore_index=args.ignore_index)  # finds what the first made
 
 
 def build_loaders(args, world, ckpt, log):
@@ -493,15 +522,19 @@ def build_loaders(args, world, ckpt, log):
 
 
 def check_mask_values(args, world, splits):
-    """Each process reads its share of the masks: a class index beyond the model's is an error."""
+    """Each process reads its share of the masks: a class index beyond the model's is an error
+    (--ignore-index's value aside)."""
     for _, lbls in splits.values():
-        largest = max(1, args.num_classes - 1)
-        if found := first_mask_above(lbls[world.rank :: world.size], largest, args.workers):
+        largest, mine = max(1, args.num_classes - 1), lbls[world.rank :: world.size]
+        if found := first_mask_above(mine, largest, args.workers, args.ignore_index):
             if args.num_classes == 1:
                 expected = "0 or 1 (binary, --num-classes 1)"
             else:
                 expected = f"below --num-classes {args.num_classes}"
-            raise DataError(f"{found[0]}: mask holds class {found[1]}; expected values {expected}")
+            raise DataError(
+                f"{found[0]}: mask holds class {found[1]}; expected values {expected}, or "
+                f"--ignore-index {found[1]} if that value marks pixels to leave out"
+            )
 
 
 def train_batches(args, world, loaders, first_step):
