@@ -583,3 +583,36 @@ def test_nearest_neighbour_mask_resize_keeps_the_ignore_value_exact(tmp_path):
         rows, cols = ((np.arange(o) + 0.5) * i / o for i, o in ((40, 64), (30, 48)))
         expected = np.load(lbl)[rows.astype(int)][:, cols.astype(int), 0]
         np.testing.assert_array_equal(resized[0], expected)
+
+
+@pytest.mark.parametrize("num_classes", [1, 3])
+def test_class_weights_weigh_the_cross_entropy_as_torch(num_classes):
+    """The Dice term is the same with and without weights; the cross-entropy term is torch's
+    weighted one, binary BCE as a two-class cross-entropy of scores 0 and the logit."""
+    from train_segment import dice_ce_loss
+
+    torch.manual_seed(0)
+    logits = torch.randn(2, num_classes, 8, 8)
+    masks = torch.randint(0, max(2, num_classes), (2, 1, 8, 8))
+    masks[0, 0, :2] = 255
+    weights = torch.tensor([0.2, 3.0, 1.5][: max(2, num_classes)])
+    scores = torch.cat([torch.zeros_like(logits), logits], 1) if num_classes == 1 else logits
+
+    def ce(weight):
+        return torch.nn.functional.cross_entropy(
+            scores, masks[:, 0], weight=weight, ignore_index=255
+        )
+
+    plain = dice_ce_loss(logits, masks, num_classes, ignore_index=255)
+    weighted = dice_ce_loss(logits, masks, num_classes, ignore_index=255, class_weights=weights)
+    assert (weighted - plain).item() == pytest.approx((ce(weights) - ce(None)).item(), rel=1e-5)
+    assert abs((weighted - plain).item()) > 0.01
+
+
+def test_error_class_weights_count_and_values():
+    proc = run("--data", "demo", "--num-classes", "3", "--class-weights", "1,2", check=False)
+    assert_one_line_error(proc, "--class-weights has 2 values; expected 3", "--num-classes 3")
+    proc = run("--data", "demo", "--class-weights", "1,2,3", check=False)
+    assert_one_line_error(proc, "expected 2", "(background, foreground)")
+    proc = run("--data", "demo", "--class-weights", "1,-2", check=False)
+    assert_one_line_error(proc, "--class-weights", "positive numbers", "1,-2")

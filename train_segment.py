@@ -16,8 +16,10 @@ Needs beside it: pipelines.py (the DALI pipelines), data_sources.py (what they r
 top to bottom: flags, model and loss, train_one_epoch and evaluate, main and its phases.
 """
 
+import argparse
 import colorsys
 import functools
+import math
 import os
 import time
 from types import SimpleNamespace
@@ -75,6 +77,13 @@ def get_args_parser():
         "borders: 255 in VOC, Cityscapes, ADE20K); a PNG root keeps it as it is",
     )
     g.add_argument(
+        "--class-weights",
+        type=weight_list,
+        metavar="W0,W1,...",
+        help="weights of the classes in the cross-entropy term, one per class (binary: "
+        "background, foreground, each pixel's BCE weighed by its class's)",
+    )
+    g.add_argument(
         "--size",
         type=flags.number(
             int,
@@ -114,6 +123,19 @@ def get_args_parser():
     return parser
 
 
+def weight_list(text):
+    """--class-weights: positive finite numbers separated by commas."""
+    try:
+        weights = [float(v) for v in text.split(",")]
+    except ValueError:
+        weights = [math.nan]
+    if not all(math.isfinite(w) and w > 0 for w in weights):
+        raise argparse.ArgumentTypeError(
+            f"must be positive numbers separated by commas, got {text}"
+        )
+    return weights
+
+
 def parse_args(argv=None):
     parser = get_args_parser()
     args = flags.parse(parser, argv, DEMO_DEFAULTS)
@@ -125,6 +147,12 @@ def parse_args(argv=None):
         parser.error(
             f"--ignore-index {args.ignore_index} is a class of --num-classes {args.num_classes} "
             f"(0..{classes - 1}); expected a value no class takes, e.g. 255"
+        )
+    if args.class_weights and len(args.class_weights) != classes:
+        parser.error(
+            f"--class-weights has {len(args.class_weights)} values; expected {classes}, one per "
+            f"class of --num-classes {args.num_classes}"
+            + (" (background, foreground)" if args.num_classes == 1 else "")
         )
     return args
 
@@ -211,20 +239,26 @@ def make_model(args, in_channels):
     return TorchvisionSegmentation(args.arch, args.num_classes)
 
 
-def dice_ce_loss(logits, masks, num_classes, ignore_index=None):
+def dice_ce_loss(logits, masks, num_classes, ignore_index=None, class_weights=None):
     """Cross-entropy (BCE when binary) plus soft Dice over the foreground classes; pixels of
-    ``ignore_index`` count in neither."""
+    ``ignore_index`` count in neither. ``class_weights`` (one per class, binary: background and
+    foreground) weigh the cross-entropy as torch's: a mean of the pixels' terms weighed by their
+    classes' weights."""
     logits = logits.float()
     keep = kept_pixels(masks, ignore_index)
     classes = masks * keep  # ignored pixels as class 0, kept out of every sum below
     if num_classes == 1:
         target, weight = classes.float(), keep.float()
+        if class_weights is not None:
+            weight = weight * class_weights[classes]
         bce = nn.functional.binary_cross_entropy_with_logits(logits, target, reduction="none")
         ce, probs = (bce * weight).sum() / weight.sum().clamp(min=1), logits.sigmoid()
     else:
         target = nn.functional.one_hot(classes[:, 0], num_classes).permute(0, 3, 1, 2)[:, 1:]
         ignore = -100 if ignore_index is None else ignore_index  # -100: torch's default, none
-        ce = nn.functional.cross_entropy(logits, masks[:, 0], ignore_index=ignore)
+        ce = nn.functional.cross_entropy(
+            logits, masks[:, 0], weight=class_weights, ignore_index=ignore
+        )
         probs = logits.softmax(1)[:, 1:]
     target, probs = target * keep, probs * keep
     overlap, total = (probs * target).sum((0, 2, 3)), probs.sum((0, 2, 3)) + target.sum((0, 2, 3))
@@ -339,8 +373,12 @@ def main(args):
     model, state = training.prepare_model(
         make_model(args, loaders.channels), args, world, loaders.steps, log
     )
+    weights = torch.tensor(args.class_weights, device=world.device) if args.class_weights else None
     criterion = functools.partial(
-        dice_ce_loss, num_classes=args.num_classes, ignore_index=args.ignore_index
+        dice_ce_loss,
+        num_classes=args.num_classes,
+        ignore_index=args.ignore_index,
+        class_weights=weights,
     )
     start_epoch, first_step, best, loss_sum = training.resume(
         ckpt, args, world, state, loaders.steps, log
