@@ -363,7 +363,9 @@ class SegmentValPipeline(Pipeline):
     Outputs ``(image, mask)``, both CHW. Image (B, C, H, W) float32, C = ``self.channels`` (1 or 3,
     as stored). Mask (B, 1, H, W): uint8 for uint8 or bool masks, int32 for any other integer type.
     Images are resized linearly, masks by nearest neighbour, so a mask keeps exactly its class
-    values.
+    values. With ``own_size_masks`` two more outputs follow, for scoring at each mask's own size:
+    the masks as read (B, 1, H, W), each padded with 0 to the batch's largest height and width, and
+    their sizes (B, 3): height, width, 1.
 
     Normalization: 8-bit RGB images with ImageNet mean/std; every other kind (greyscale, uint16,
     float32) per image, each channel by the image's own mean and standard deviation (a constant
@@ -390,6 +392,7 @@ class SegmentValPipeline(Pipeline):
         mean=None,
         std=None,
         prefetch_queue_depth=2,
+        own_size_masks=False,
         **pipeline_kwargs,
     ):
         pipeline_kwargs = cpu_concurrency(device_id, pipeline_kwargs)
@@ -434,6 +437,7 @@ class SegmentValPipeline(Pipeline):
         self.read_image = ops.readers.Numpy(files=list(imgs), name="ReaderX", **reader_args)
         self.read_mask = ops.readers.Numpy(files=list(lbls), name="ReaderY", **reader_args)
         self.build_mask_ops(mask, self.size)
+        self.own_size_masks = own_size_masks
         # One pool for a CPU-only pipeline's torch code (its resize, the training noise); threads
         # start on use.
         self.torch_threads = None if self.on_gpu else torch_threads(num_threads)
@@ -466,6 +470,8 @@ class SegmentValPipeline(Pipeline):
             device=device, interp_type=types.INTERP_NN, antialias=False, roi_relative=True
         )
         self.resize_mask = functools.partial(flip_by_roi, resize, list(size))
+        # own_size_masks: a batch of masks of several sizes, made one tensor that PyTorch can take
+        self.pad_mask = ops.Pad(device=device, axes=[0, 1], fill_value=0)
 
     def build_image_ops(self, image, size, num_threads):
         device = "gpu" if self.on_gpu else "cpu"
@@ -511,9 +517,12 @@ class SegmentValPipeline(Pipeline):
         )
 
     def define_graph(self):
-        image, mask = self.read()
-        image, mask = self.resize_image(image), self.resize_mask(mask)
+        image, own = self.read()
+        image, mask = self.resize_image(image), self.resize_mask(own)
         image = self.normalize(image)
+        if self.own_size_masks:
+            own_masks = self.output_mask(self.pad_mask(own))
+            return image, self.output_mask(mask), own_masks, own.shape()
         return image, self.output_mask(mask)
 
     def read(self):
@@ -692,13 +701,13 @@ def segment_iterator(pipe):
     ``batch[0]["mask"]``.
 
     A validation pipeline yields every sample of its shard exactly once per epoch (the last batch
-    partial). A training pipeline yields full batches only, the same number on every shard, the
+    partial); with ``own_size_masks`` also ``batch[0]["own_mask"]`` and ``batch[0]["own_size"]``. A training pipeline yields full batches only, the same number on every shard, the
     last one filled with repeats of the shard's own samples: under DDP every rank takes the same
     number of steps, on real data.
     """
     return DALIGenericIterator(
         pipe,
-        ["image", "mask"],
+        ["image", "mask"] + (["own_mask", "own_size"] if pipe.own_size_masks else []),
         reader_name="ReaderX",
         last_batch_policy=pipe.last_batch_policy,
         auto_reset=True,
@@ -736,6 +745,8 @@ AUGMENTATION_KEYS = (
     "scale_range",
     "mask_pad",
 )
+# What "eval" and "test" alone take.
+VAL_KEYS = ("own_size_masks",)
 # The nail-segmentation write-up's settings that stand for one of ours: DALI threads, shards.
 WRITEUP_KEYS = ("num_workers", "gpus")
 # Its settings this loader has no use for (3D volumes, patch sampling, benchmark mode, GPU staging):
@@ -771,12 +782,13 @@ def fetch_dali_loader(imgs, lbls, batch_size, mode, **kwargs):
     ``LOCAL_RANK`` of ``gpus``. Our own settings: ``num_threads`` (wins over ``num_workers``;
     default 4), ``seed``, ``size``, ``mean``, ``std``, ``prefetch_queue_depth``,
     ``enable_checkpointing``, ``checkpoint``, and ``SegmentTrainPipeline``'s augmentation settings
-    (used by "train", ignored by "eval" and "test"). Any other key raises ``ValueError`` listing the
+    (used by "train", ignored by "eval" and "test"), ``own_size_masks`` (``SegmentValPipeline``'s;
+    used by "eval" and "test", ignored by "train"). Any other key raises ``ValueError`` listing the
     accepted ones.
     """
     if mode not in SEGMENT_PIPELINES:
         raise ValueError(f"mode must be one of {', '.join(SEGMENT_PIPELINES)}, got {mode!r}")
-    known = PIPELINE_KEYS + AUGMENTATION_KEYS + WRITEUP_KEYS
+    known = PIPELINE_KEYS + AUGMENTATION_KEYS + VAL_KEYS + WRITEUP_KEYS
     unknown = [key for key in kwargs if key not in known + IGNORED_KEYS]
     if unknown:
         raise ValueError(
@@ -784,9 +796,7 @@ def fetch_dali_loader(imgs, lbls, batch_size, mode, **kwargs):
             f"it accepts {', '.join(known)}, and ignores {', '.join(IGNORED_KEYS)}"
         )
     pipeline = SEGMENT_PIPELINES[mode]
-    used = PIPELINE_KEYS
-    if pipeline is SegmentTrainPipeline:
-        used += AUGMENTATION_KEYS
+    used = PIPELINE_KEYS + (AUGMENTATION_KEYS if pipeline is SegmentTrainPipeline else VAL_KEYS)
     settings = {key: value for key, value in kwargs.items() if key in used}
     settings.setdefault("num_threads", kwargs.get("num_workers", 4))
     settings.setdefault("num_shards", env_int("WORLD_SIZE", kwargs.get("gpus", 1)))

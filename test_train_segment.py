@@ -170,8 +170,15 @@ def test_multiclass_reports_every_class(tmp_path):
     proc = tiny(root, "--num-classes", "3")
     assert proc.returncode == 0, proc.stderr
     (epoch,) = records(os.path.join(root, "out"), "epoch")
-    assert epoch["val_dice_per_class"].keys() == {"0", "1", "2"}
-    assert epoch["val_dice"] == pytest.approx(sum(epoch["val_dice_per_class"].values()) / 3)
+    per_class = epoch["val_dice_per_class"]
+    assert per_class.keys() == {"0", "1", "2"}
+    # the foreground classes' mean, the background apart, in the record and the log line
+    assert epoch["val_dice"] == pytest.approx((per_class["1"] + per_class["2"]) / 2)
+    assert epoch["val_dice_bg"] == per_class["0"]
+    assert (
+        f"val Dice {epoch['val_dice']:.3f} IoU {epoch['val_iou']:.3f} "
+        f"(bg Dice {per_class['0']:.3f} IoU {epoch['val_iou_per_class']['0']:.3f})" in proc.stdout
+    )
 
 
 def test_compile_trains_as_eager_and_saves_the_plain_model(tmp_path):
@@ -616,3 +623,51 @@ def test_error_class_weights_count_and_values():
     assert_one_line_error(proc, "expected 2", "(background, foreground)")
     proc = run("--data", "demo", "--class-weights", "1,-2", check=False)
     assert_one_line_error(proc, "--class-weights", "positive numbers", "1,-2")
+
+
+class LeftRight(torch.nn.Module):
+    """Class 1 on the left half of every image, class 2 on the right: at any even width, the
+    scores resized bilinearly keep that split exactly."""
+
+    def forward(self, images):
+        side = torch.where(torch.arange(images.shape[-1]) < images.shape[-1] // 2, 1.0, -1.0)
+        scores = torch.stack([torch.zeros_like(side), side, -side]).view(1, 3, 1, -1)
+        return scores.expand(images.shape[0], -1, images.shape[-2], -1)
+
+
+def test_metrics_at_each_masks_own_size_equal_a_numpy_reference(tmp_path):
+    """Masks of two sizes, neither square nor the training size, with ignored pixels: Dice and
+    IoU are counted on each mask at its own size against the prediction resized to it."""
+    from types import SimpleNamespace
+
+    from pipelines import fetch_dali_loader, segment_iterator
+    from train_segment import batches_on_device, describe, evaluate
+
+    rng = np.random.default_rng(3)
+    imgs, lbls, masks = [], [], []
+    for k, (h, w) in enumerate([(20, 14), (12, 30), (20, 14)]):
+        masks.append(rng.choice(np.array([0, 1, 2, 255], np.uint8), (h, w)))
+        imgs.append(str(tmp_path / f"x{k}.npy"))
+        lbls.append(str(tmp_path / f"m{k}.npy"))
+        np.save(imgs[-1], rng.integers(0, 256, (h, w, 3), np.uint8))
+        np.save(lbls[-1], masks[-1])
+    pipe = fetch_dali_loader(imgs, lbls, 2, "eval", device_id=None, size=32, own_size_masks=True)
+    batches = batches_on_device(segment_iterator(pipe), torch.device("cpu"))
+    args = SimpleNamespace(num_classes=3, ignore_index=255, channels_last=False, amp="none")
+    metrics, _ = evaluate(LeftRight(), batches, args, torch.device("cpu"))
+
+    confusion = np.zeros((3, 3))
+    for mask in masks:
+        pred = np.where(np.arange(mask.shape[1]) < mask.shape[1] // 2, 1, 2) + 0 * mask
+        kept = mask != 255
+        np.add.at(confusion, (mask[kept], pred[kept]), 1)
+    inter, npred, ntrue = np.diag(confusion), confusion.sum(0), confusion.sum(1)
+    dice, iou = 200 * inter / (npred + ntrue), 100 * inter / (npred + ntrue - inter)
+    assert metrics["val_dice_per_class"] == pytest.approx(dict(zip("012", dice)))
+    assert metrics["val_iou_per_class"] == pytest.approx(dict(zip("012", iou)))
+    assert metrics["val_dice"] == pytest.approx(dice[1:].mean())  # the foreground classes'
+    assert metrics["val_iou"] == pytest.approx(iou[1:].mean())
+    assert (metrics["val_dice_bg"], metrics["val_iou_bg"]) == (0, 0)  # class 0 never predicted
+    assert describe(metrics) == (
+        f"Dice {dice[1:].mean():.3f} IoU {iou[1:].mean():.3f} (bg Dice 0.000 IoU 0.000)"
+    )

@@ -71,19 +71,6 @@ def get_args_parser():
         help="1: binary (BCE + Dice); more: CE + Dice",
     )
     g.add_argument(
-        "--ignore-index",
-        type=flags.at_least_0,
-        help="mask value of pixels left out of the loss and the metrics (unlabelled pixels and "
-        "borders: 255 in VOC, Cityscapes, ADE20K); a PNG root keeps it as it is",
-    )
-    g.add_argument(
-        "--class-weights",
-        type=weight_list,
-        metavar="W0,W1,...",
-        help="weights of the classes in the cross-entropy term, one per class (binary: "
-        "background, foreground, each pixel's BCE weighed by its class's)",
-    )
-    g.add_argument(
         "--size",
         type=flags.number(
             int,
@@ -102,6 +89,7 @@ def get_args_parser():
         "by s ~ U(LO, HI) of --size, then randomly cropped or padded back to --size",
     )
     flags.add_loader_flags(g)
+    add_loss_flags(parser.add_argument_group("loss"))
     g = parser.add_argument_group("model")
     g.add_argument(
         "--arch",
@@ -121,6 +109,22 @@ def get_args_parser():
     flags.add_output_flags(parser.add_argument_group("output and checkpoints"), RUNS_DIR)
     parser.set_defaults(epochs=50, batch_size=32, lr_scheduler="poly", lr_warmup_epochs=1)
     return parser
+
+
+def add_loss_flags(g):
+    g.add_argument(
+        "--ignore-index",
+        type=flags.at_least_0,
+        help="mask value of pixels left out of the loss and the metrics (unlabelled pixels and "
+        "borders: 255 in VOC, Cityscapes, ADE20K); a PNG root keeps it as it is",
+    )
+    g.add_argument(
+        "--class-weights",
+        type=weight_list,
+        metavar="W0,W1,...",
+        help="weights of the classes in the cross-entropy term, one per class (binary: "
+        "background, foreground, each pixel's BCE weighed by its class's)",
+    )
 
 
 def weight_list(text):
@@ -266,6 +270,16 @@ def dice_ce_loss(logits, masks, num_classes, ignore_index=None, class_weights=No
     return ce + 1 - dice.mean()
 
 
+def make_criterion(args, device):
+    weights = torch.tensor(args.class_weights, device=device) if args.class_weights else None
+    return functools.partial(
+        dice_ce_loss,
+        num_classes=args.num_classes,
+        ignore_index=args.ignore_index,
+        class_weights=weights,
+    )
+
+
 def kept_pixels(masks, ignore_index):
     """Where ``masks`` hold a class: everywhere but the pixels of ``ignore_index``."""
     if ignore_index is None:
@@ -303,45 +317,67 @@ def train_one_epoch(model, criterion, state, steps, step_log, epoch, args):
 
 @torch.no_grad()
 def evaluate(model, batches, args, device):
-    """Dice and IoU in percent per class and their mean, from the pixel counts of the whole
-    validation set (all shards); also the first batch's images, masks and predictions, for the
-    overlay."""
+    """Dice and IoU in percent per class, their mean over the foreground classes and the
+    background's apart, from the pixel counts of the whole validation set (all shards), each mask
+    scored at its own size; also the first batch's images, masks and predictions at the training
+    size, for the overlay."""
     model.eval()
     n = max(2, args.num_classes)
     confusion = torch.zeros(n * n, dtype=torch.float64, device=device)  # (true, predicted) class
     first = None
-    for images, masks in batches:
+    for images, masks, own_masks, own_sizes in batches:
         if images.shape[0] == 0:  # a shard one sample short of the others ends on an empty batch
             continue
         if args.channels_last:
             images = images.contiguous(memory_format=torch.channels_last)
         with training.autocast(args, device):
-            logits = model(images)
-        pred = (logits[:, 0] > 0).long() if args.num_classes == 1 else logits.argmax(1)
-        target = masks[:, 0]
-        counted = (target * n + pred)[kept_pixels(target, args.ignore_index)]
-        confusion += torch.bincount(counted, minlength=n * n).double()
+            logits = model(images).float()
+        confusion += count_at_own_size(logits, own_masks, own_sizes.tolist(), args)
         if first is None:
-            first = (images[:4].float(), target[:4], pred[:4])
+            pred = predict(logits[:4], args.num_classes)
+            first = (images[:4].float(), masks[:4, 0], pred)
     confusion = torch.tensor(
         training.all_reduce_sum(confusion.tolist(), device), dtype=torch.float64
     )
-    confusion = confusion.view(n, n)
-    classes = [1] if args.num_classes == 1 else list(range(n))  # binary: the foreground only
-    inter, npred, ntarget = (
-        confusion.diag()[classes],
-        confusion.sum(0)[classes],
-        confusion.sum(1)[classes],
-    )
+    return scores(confusion.view(n, n), args.num_classes), first
+
+
+def predict(logits, num_classes):
+    """(B, H, W) classes of (B, C, H, W) scores."""
+    return (logits[:, 0] > 0).long() if num_classes == 1 else logits.argmax(1)
+
+
+def count_at_own_size(logits, own_masks, own_sizes, args):
+    """The confusion counts (true * classes + predicted) of a batch, each mask at its own size, as
+    the field reports them: its scores resized (bilinear) to the mask's height and width, as a
+    prediction is used; pixels of --ignore-index left out."""
+    n = max(2, args.num_classes)
+    counts = torch.zeros(n * n, dtype=torch.float64, device=logits.device)
+    for scores_, own, (height, width, _) in zip(logits, own_masks, own_sizes):
+        scores_ = nn.functional.interpolate(
+            scores_[None], size=(height, width), mode="bilinear", align_corners=False
+        )
+        target = own[0, :height, :width].long()  # the rest is the batch's padding
+        counted = target * n + predict(scores_, args.num_classes)[0]
+        counts += torch.bincount(counted[kept_pixels(target, args.ignore_index)], minlength=n * n)
+    return counts
+
+
+def scores(confusion, num_classes):
+    """The metrics of an (true, predicted) ``confusion`` matrix of pixel counts."""
+    inter, npred, ntarget = confusion.diag(), confusion.sum(0), confusion.sum(1)
     dice = 200 * inter / (npred + ntarget).clamp(min=1)
     iou = 100 * inter / (npred + ntarget - inter).clamp(min=1)
-    metrics = {
-        "val_dice": dice.mean().item(),
-        "val_iou": iou.mean().item(),
-        "val_dice_per_class": dict(zip(map(str, classes), dice.tolist())),
-        "val_iou_per_class": dict(zip(map(str, classes), iou.tolist())),
+    classes = [1] if num_classes == 1 else list(range(len(dice)))  # binary: the foreground only
+    return {
+        # the foreground classes' mean: background, most pixels and easy, would flatter it
+        "val_dice": dice[1:].mean().item(),
+        "val_iou": iou[1:].mean().item(),
+        "val_dice_bg": dice[0].item(),
+        "val_iou_bg": iou[0].item(),
+        "val_dice_per_class": {str(k): dice[k].item() for k in classes},
+        "val_iou_per_class": {str(k): iou[k].item() for k in classes},
     }
-    return metrics, first
 
 
 def validate(state, loaders, args, device, step_log):
@@ -360,7 +396,11 @@ def validate(state, loaders, args, device, step_log):
 
 
 def describe(metrics):
-    return f"Dice {metrics['val_dice']:.3f} IoU {metrics['val_iou']:.3f}"
+    """The foreground classes' mean, then the background's."""
+    return (
+        f"Dice {metrics['val_dice']:.3f} IoU {metrics['val_iou']:.3f} "
+        f"(bg Dice {metrics['val_dice_bg']:.3f} IoU {metrics['val_iou_bg']:.3f})"
+    )
 
 
 def main(args):
@@ -373,13 +413,7 @@ def main(args):
     model, state = training.prepare_model(
         make_model(args, loaders.channels), args, world, loaders.steps, log
     )
-    weights = torch.tensor(args.class_weights, device=world.device) if args.class_weights else None
-    criterion = functools.partial(
-        dice_ce_loss,
-        num_classes=args.num_classes,
-        ignore_index=args.ignore_index,
-        class_weights=weights,
-    )
+    criterion = make_criterion(args, world.device)  # dice_ce_loss as the flags set it
     start_epoch, first_step, best, loss_sum = training.resume(
         ckpt, args, world, state, loaders.steps, log
     )
@@ -519,10 +553,14 @@ def build_loaders(args, world, ckpt, log):
         enable_checkpointing=True,
         checkpoint=checkpoint,
         scale_range=args.scale_range,
-        mask_pad=0,  # padding counts as background while the loss has no class to ignore
+        # padding is left out of the loss where there is a class to ignore, else background
+        mask_pad=0 if args.ignore_index is None else args.ignore_index,
         **common,
     )
-    val_pipe = fetch_dali_loader(*splits["valid"], args.batch_size, "eval", **common)
+    # Also the masks as read, to score each at its own size.
+    val_pipe = fetch_dali_loader(
+        *splits["valid"], args.batch_size, "eval", own_size_masks=True, **common
+    )
     check_mask_values(args, world, splits)
     classes, num_samples = [str(k) for k in range(args.num_classes)], len(splits["train"][0])
     imgs, lbls = splits["train"]
@@ -590,12 +628,13 @@ def train_batches(args, world, loaders, first_step):
 
 
 def batches_on_device(loader, files, device):
-    """A DALI iterator's (images, masks) on ``device``. DALI's error over one of ``files`` deleted
-    under the run becomes one line naming it."""
+    """(images, masks) of each batch on ``device``; a validation loader's with its own-size masks
+    and their sizes after them. DALI's error over one of ``files`` deleted under the run becomes
+    one line naming it."""
     try:
         for batch in loader:
-            images, masks = batch[0]["image"], batch[0]["mask"].long()
-            yield images.to(device, non_blocking=True), masks.to(device, non_blocking=True)
+            images, masks, *own = (t.to(device, non_blocking=True) for t in batch[0].values())
+            yield images, masks.long(), *own
     except RuntimeError:
         if gone := first_gone(files):
             raise DataError(f"{gone}: gone since this run listed it") from None
