@@ -630,14 +630,27 @@ class LeftRight(torch.nn.Module):
     scores resized bilinearly keep that split exactly."""
 
     def forward(self, images):
-        side = torch.where(torch.arange(images.shape[-1]) < images.shape[-1] // 2, 1.0, -1.0)
+        columns = torch.arange(images.shape[-1], device=images.device)
+        side = torch.where(columns < images.shape[-1] // 2, 1.0, -1.0)
         scores = torch.stack([torch.zeros_like(side), side, -side]).view(1, 3, 1, -1)
         return scores.expand(images.shape[0], -1, images.shape[-2], -1)
 
 
-def test_metrics_at_each_masks_own_size_equal_a_numpy_reference(tmp_path):
+@pytest.mark.parametrize(
+    "device_id",
+    [
+        None,
+        pytest.param(
+            0,
+            id="gpu",
+            marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+        ),
+    ],
+)
+def test_metrics_at_each_masks_own_size_equal_a_numpy_reference(tmp_path, device_id):
     """Masks of two sizes, neither square nor the training size, with ignored pixels: Dice and
-    IoU are counted on each mask at its own size against the prediction resized to it."""
+    IoU are counted on each mask at its own size against the prediction resized to it; DALI and
+    the model on the CPU, and on the GPU."""
     from types import SimpleNamespace
 
     from pipelines import fetch_dali_loader, segment_iterator
@@ -651,10 +664,13 @@ def test_metrics_at_each_masks_own_size_equal_a_numpy_reference(tmp_path):
         lbls.append(str(tmp_path / f"m{k}.npy"))
         np.save(imgs[-1], rng.integers(0, 256, (h, w, 3), np.uint8))
         np.save(lbls[-1], masks[-1])
-    pipe = fetch_dali_loader(imgs, lbls, 2, "eval", device_id=None, size=32, own_size_masks=True)
-    batches = batches_on_device(segment_iterator(pipe), torch.device("cpu"))
+    device = torch.device("cpu" if device_id is None else "cuda")
+    pipe = fetch_dali_loader(
+        imgs, lbls, 2, "eval", device_id=device_id, size=32, own_size_masks=True
+    )
+    batches = batches_on_device(segment_iterator(pipe), device)
     args = SimpleNamespace(num_classes=3, ignore_index=255, channels_last=False, amp="none")
-    metrics, _ = evaluate(LeftRight(), batches, args, torch.device("cpu"))
+    metrics, _ = evaluate(LeftRight(), batches, args, device)
 
     confusion = np.zeros((3, 3))
     for mask in masks:
