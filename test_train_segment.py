@@ -668,7 +668,7 @@ def test_metrics_at_each_masks_own_size_equal_a_numpy_reference(tmp_path, device
     pipe = fetch_dali_loader(
         imgs, lbls, 2, "eval", device_id=device_id, size=32, own_size_masks=True
     )
-    batches = batches_on_device(segment_iterator(pipe), device)
+    batches = batches_on_device(segment_iterator(pipe), imgs + lbls, device)
     args = SimpleNamespace(num_classes=3, ignore_index=255, channels_last=False, amp="none")
     metrics, _ = evaluate(LeftRight(), batches, args, device)
 
