@@ -536,7 +536,10 @@ class ClassifyReader:
 
 
 def read_file_list(data_dir, file_list):
-    """(files, labels) of a DALI file list: lines '<path relative to data_dir> <label>'."""
+    """(files, labels) of a DALI file list: lines '<path relative to data_dir> <label>'; or of a
+    list of files, unlabelled (images to predict on), each labelled by its position in it."""
+    if not isinstance(file_list, (str, os.PathLike)):
+        return list(file_list), list(range(len(file_list)))
     if not os.path.isfile(file_list):
         raise DataError(
             f"{file_list}: no such file (expected lines '<path relative to data_dir> <label>')"

@@ -714,6 +714,85 @@ def segment_iterator(pipe):
     )
 
 
+class SegmentPredictPipeline(Pipeline):
+    """Images to segment: the PNG or JPEG ``files`` (any size, grey or colour) under ``data_dir``,
+    each read once, in order (shard ``shard_id`` of ``num_shards``), decoded to ``channels`` (3:
+    RGB, 1: grey), resized to ``size`` and normalized as ``SegmentValPipeline`` does 8-bit images of
+    as many channels, operator for operator: a PNG and the same pixels as .npy give the model the
+    same input.
+
+    Outputs ``(image, shape, index)``: image (B, C, H, W) float32; the decoded image's (height,
+    width, channels), before the resize; the file's position in ``files``. ``read``, ``files`` and
+    ``layout`` are what ``data_sources.decode_errors_named`` needs to name an undecodable file.
+    """
+
+    last_batch_policy = LastBatchPolicy.PARTIAL  # see predict_iterator
+    # SegmentValPipeline's own resize and normalization of 8-bit images, borrowed whole
+    build_image_ops = SegmentValPipeline.build_image_ops
+    build_normalize = SegmentValPipeline.build_normalize
+    normalize_each_image = SegmentValPipeline.normalize_each_image
+
+    def __init__(
+        self,
+        batch_size,
+        num_threads,
+        device_id,
+        data_dir,
+        files,
+        *,
+        size=(384, 384),
+        channels=3,
+        shard_id=0,
+        num_shards=1,
+        **pipeline_kwargs,
+    ):
+        pipeline_kwargs = cpu_concurrency(device_id, pipeline_kwargs)
+        super().__init__(batch_size, num_threads, device_id, **pipeline_kwargs)
+        positive_int("batch_size", batch_size)
+        size = image_size(size)
+        self.channels = choice("channels", channels, {1: 1, 3: 3})
+        # a list of files: the classification reader labels each by its position
+        self.read = ClassifyReader(
+            data_dir,
+            list(files),
+            classes=None,
+            num_classes=None,
+            label_offset=0,
+            shard_id=shard_id,
+            num_shards=num_shards,
+            shuffle=False,
+            batch_size=batch_size,
+        )
+        self.files, self.layout = self.read.files, self.read.layout
+        self.on_gpu = device_id is not None
+        # EXIF orientation is not applied, as in the classification pipelines and PIL's reading.
+        self.decode = ops.decoders.Image(
+            device="mixed" if self.on_gpu else "cpu",
+            output_type=types.RGB if channels == 3 else types.GRAY,
+            adjust_orientation=False,
+        )
+        self.torch_threads = None if self.on_gpu else torch_threads(num_threads)
+        decoded = ((1, 1, channels), np.uint8)  # (shape, dtype) as the .npy checks give them
+        self.build_image_ops(decoded, size, num_threads)
+        self.build_normalize(decoded, None, None)
+
+    def define_graph(self):
+        encoded, index = self.read()
+        image = self.decode(encoded)
+        return self.normalize(self.resize_image(image)), image.shape(), index
+
+
+def predict_iterator(pipe):
+    """One pass over a ``SegmentPredictPipeline``'s shard, every image once (the reader's padding
+    dropped): ``batch[0]["image"]``, ``batch[0]["shape"]``, ``batch[0]["index"]``."""
+    return DALIGenericIterator(
+        pipe,
+        ["image", "shape", "index"],
+        reader_name="Reader",
+        last_batch_policy=pipe.last_batch_policy,
+    )
+
+
 SEGMENT_PIPELINES = {
     "train": SegmentTrainPipeline,
     "eval": SegmentValPipeline,
