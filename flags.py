@@ -164,12 +164,13 @@ def add_optimisation_flags(g):
 def add_output_flags(g, runs_dir):
     g.add_argument(
         "--output-dir",
-        help=f"the run's folder (default: a new {runs_dir}/expN, or --resume's folder)",
+        help=f"the run's folder (default: a new {runs_dir}/expN, or --resume's folder); with "
+        "--predict, where the predictions go (required)",
     )
     g.add_argument(
         "--overwrite",
         action="store_true",
-        help="replace a previous run's checkpoints in --output-dir",
+        help="replace a previous run's checkpoints in --output-dir, or --predict's outputs",
     )
     g.add_argument(
         "--resume",
@@ -189,6 +190,12 @@ def add_output_flags(g, runs_dir):
         "--test-only",
         action="store_true",
         help="only validate the --resume model (with --model-ema, its EMA)",
+    )
+    g.add_argument(
+        "--predict",
+        metavar="DIR",
+        help="only predict: every PNG or JPEG under DIR, with the model of --resume CHECKPOINT "
+        "(or --weights FILE), into --output-dir; no --data needed",
     )
     g.add_argument(
         "--print-freq",
@@ -215,7 +222,14 @@ def parse(parser, argv, demo_defaults):
     # default): --evaluate takes the others that shape the model from its checkpoint.
     unset = argparse.Namespace(**{a.dest: None for a in parser._actions})
     args.given = sorted(k for k, v in vars(parser.parse_args(argv, unset)).items() if v is not None)
-    if args.batch_size < 2 and not args.evaluate:
+    if args.data is None and not args.predict:
+        parser.error("the following arguments are required: --data/--data-path")
+    if args.predict and not (args.resume or args.weights) or args.predict and not args.output_dir:
+        parser.error(
+            "--predict runs the model of --resume CHECKPOINT (or --weights FILE) and writes into "
+            "--output-dir; pass both"
+        )
+    if args.batch_size < 2 and not (args.evaluate or args.predict):
         parser.error(
             "--batch-size must be at least 2 for training (BatchNorm needs more than one sample)"
         )

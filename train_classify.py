@@ -48,7 +48,6 @@ def get_args_parser():
     g.add_argument(
         "--data",
         "--data-path",
-        required=True,
         help=flags.demo_help(
             "folder or s3:// prefix with train/ and val/, each an ImageFolder tree, TFRecord files "
             "or WebDataset tars",

@@ -6,6 +6,7 @@
     torchrun --nproc_per_node=8 train_segment.py --data data/nails --amp bf16 --channels-last
     python train_segment.py --data data/nails --resume runs/segment/exp1/checkpoint.pth
     python train_segment.py --data data/nails --resume runs/segment/exp1/best.pth --evaluate
+    python train_segment.py --predict photos/ --resume runs/segment/exp1/best.pth --output-dir out
 
 DALI reads image and mask in lock-step, resizes both to --size, flips both alike and augments the
 image, on the GPU when there is one, else on the CPU. --num-classes 1 is binary (BCE + Dice); 2 or
@@ -57,7 +58,6 @@ def get_args_parser():
     g.add_argument(
         "--data",
         "--data-path",
-        required=True,
         help=flags.demo_help(
             "prepared root (csv_file/; local or s3://), PNG root (Images/, Masks/: prepared into "
             "<root>/npy)",
@@ -104,6 +104,12 @@ def get_args_parser():
         type=flags.at_least_1,
         default=32,
         help="channels of the U-Net's first level",
+    )
+    g.add_argument(
+        "--tta",
+        action="store_true",
+        help="--predict: average the probabilities over the image and its horizontal and "
+        "vertical flips",
     )
     flags.add_optimisation_flags(parser.add_argument_group("optimisation"))
     flags.add_output_flags(parser.add_argument_group("output and checkpoints"), RUNS_DIR)
@@ -169,6 +175,7 @@ import torch.distributed as dist
 import torchvision
 from PIL import Image, ImageDraw
 from torch import nn
+from torchvision.transforms.functional import pil_to_tensor
 from torchvision.utils import draw_segmentation_masks, make_grid
 
 import training
@@ -176,13 +183,20 @@ from data_sources import (
     DataError,
     atomic_open,
     data_digest,
+    decode_errors_named,
+    eight_bits,
     first_gone,
     first_mask_above,
     isdir,
     read_split,
     remote,
 )
-from pipelines import fetch_dali_loader, segment_iterator
+from pipelines import (
+    SegmentPredictPipeline,
+    fetch_dali_loader,
+    predict_iterator,
+    segment_iterator,
+)
 from training import UsageError
 
 
@@ -405,6 +419,8 @@ def describe(metrics):
 
 def main(args):
     world = training.setup_distributed(args)  # torchrun's ranks; this process's device
+    if args.predict:  # the trained model on new images: no --data, no run folder
+        return predict(args, world)
     ckpt = training.checkpoint_to_resume(args, EVALUATE_AS_TRAINED)  # --resume's, or auto's
     locate_data(args, world)  # builds the demo set or prepares a PNG root, or checks --data
     log = training.open_run(args, world, ckpt, RUNS_DIR)  # the run folder, locked, and its log
@@ -428,7 +444,9 @@ def main(args):
             f"Test{ema}: {describe(metrics)}",
         )
         return
-    checkpoints = training.Checkpoints(log, state, loaders, args, world, best)
+    checkpoints = training.Checkpoints(
+        log, state, loaders, args, world, best, channels=loaders.channels
+    )
     stop = training.StopSignals(world)  # from here SIGTERM, SIGINT, SIGUSR1 stop the run at a step
     step_log = training.StepLog(
         args, world, log, checkpoints, stop, loaders.steps, state["optimizer"]
@@ -499,6 +517,105 @@ def save_overlay(path, images, masks, preds, num_classes, line=16):
         draw.text((x + 14, top - 1), name, fill="white")
     with atomic_open(path) as f:
         canvas.save(f, format="png")
+
+
+# ------------------------------------------------------------------------------------------
+# --predict: the trained model on new images
+# ------------------------------------------------------------------------------------------
+
+
+@torch.no_grad()
+def predict(args, world):
+    """--predict DIR: every PNG or JPEG under DIR segmented at its own size, written as a palette
+    PNG of class indices in --output-dir (DIR's subfolders mirrored, x.jpg as x.png), and the image
+    beside it with the classes drawn over it under --output-dir/overlays/. Under torchrun each
+    process predicts its share of the images."""
+    ckpt = training.checkpoint_to_predict(args, EVALUATE_AS_TRAINED)
+    files = training.images_to_predict(args)
+    masks, overlays = prediction_paths(args, files, ""), prediction_paths(args, files, "overlays")
+    training.refuse_overwrite(args, zip(masks + overlays, files + files))
+    channels = trained_channels(ckpt)
+    model = training.load_to_predict(make_model(args, channels), ckpt, args, world)
+    pipe = SegmentPredictPipeline(
+        args.batch_size,
+        args.workers,
+        world.local_rank if args.dali_device == "gpu" else None,
+        args.predict,
+        files,
+        size=args.size,
+        channels=channels,
+        shard_id=world.rank,
+        num_shards=world.size,
+    )
+    colors = class_colors(args.num_classes)
+    threshold = 0.5 if args.tta else 0.0  # binary: on a probability, or on a logit
+    with decode_errors_named(pipe):  # a file DALI cannot decode: one line naming it
+        for batch in predict_iterator(pipe):
+            images = batch[0]["image"].to(world.device)
+            with training.autocast(args, world.device):
+                scores = predicted_scores(model, images, args).float()
+            for score, shape, k in zip(scores, batch[0]["shape"], batch[0]["index"].flatten()):
+                # bilinear, as the U-Net up-samples: each image's own (height, width)
+                score = nn.functional.interpolate(
+                    score[None], size=shape[:2].tolist(), mode="bilinear"
+                )
+                pred = score[0].argmax(0) if args.num_classes > 1 else score[0, 0] > threshold
+                save_prediction(masks[k], overlays[k], files[k], pred.to(torch.uint8), colors)
+    if world.main:
+        print(f"--predict: {len(files)} images of {args.predict} into {args.output_dir}")
+
+
+def predicted_scores(model, images, args):
+    """The model's logits; with --tta the mean of its probabilities (softmax, sigmoid when binary)
+    over the images and their horizontal and vertical flips, each flipped back."""
+    if not args.tta:
+        return model(images)
+    probabilities = (
+        torch.sigmoid if args.num_classes == 1 else functools.partial(torch.softmax, dim=1)
+    )
+    flips = ([], [3], [2])  # none, horizontal, vertical
+    return sum(probabilities(model(images.flip(d)).float()).flip(d) for d in flips) / len(flips)
+
+
+def trained_channels(ckpt):
+    """The image channels the model trained on: its checkpoint says; an older checkpoint's U-Net
+    its first convolution; a torchvision model takes 3."""
+    first = ckpt["model"].get("down.0.0.weight")
+    return ckpt.get("channels") or (first.shape[1] if first is not None else 3)
+
+
+def prediction_paths(args, files, folder):
+    """For each of ``files`` under --predict DIR, --output-dir/``folder``/<its path in DIR>.png."""
+    return [
+        os.path.join(
+            args.output_dir, folder, os.path.splitext(os.path.relpath(f, args.predict))[0] + ".png"
+        )
+        for f in files
+    ]
+
+
+def class_colors(num_classes):
+    """An RGB colour per class: black for the background (0), the foreground classes evenly apart
+    in hue, from green, as save_overlay draws them."""
+    classes = max(2, num_classes) - 1
+    hues = [(1 / 3 + k / classes) % 1 for k in range(classes)]
+    return [(0, 0, 0)] + [tuple(round(255 * c) for c in colorsys.hsv_to_rgb(h, 1, 1)) for h in hues]
+
+
+def save_prediction(mask_path, overlay_path, source, pred, colors):
+    """``pred`` (H, W) class indices as a palette PNG, and beside ``source``'s image (8-bit RGB, as
+    DALI decodes it) that image with the foreground classes drawn over it."""
+    mask = Image.fromarray(pred.cpu().numpy())
+    mask.putpalette([value for color in colors for value in color])  # "L" becomes "P"
+    with Image.open(source) as im:
+        image = pil_to_tensor(eight_bits(im).convert("RGB"))
+    shown = torch.arange(1, len(colors))[:, None, None]
+    drawn = draw_segmentation_masks(image, pred.cpu() == shown, alpha=0.45, colors=colors[1:])
+    overlay = Image.fromarray(torch.cat([image, drawn], dim=2).permute(1, 2, 0).numpy())
+    for path, picture in ((mask_path, mask), (overlay_path, overlay)):
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with atomic_open(path) as f:
+            picture.save(f, format="png")
 
 
 # ------------------------------------------------------------------------------------------

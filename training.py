@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 import torchvision
 
-from data_sources import DataError, atomic_open
+from data_sources import DataError, atomic_open, walk
 
 # Seconds after which a log line is due whatever --print-freq says, so a slow run still shows life.
 LOG_EVERY = 30.0
@@ -568,15 +568,16 @@ def checkpoint_to_resume(args, as_trained=()):
     """The checkpoint --resume names, loaded, or None. ``--resume auto``: --output-dir's
     checkpoint.pth (every save rewrites it: the newest), or None where there is none, a fresh
     start; --resume then names the file. A checkpoint that lacks what this run needs of it is
-    refused in one line that says what is missing. With --evaluate, the flags named in
-    ``as_trained`` (the model and the validation sizes) are the checkpoint's unless given."""
+    refused in one line that says what is missing. With --evaluate (or --predict), the flags named
+    in ``as_trained`` (the model and the validation sizes) are the checkpoint's unless given."""
+    scoring = args.evaluate or getattr(args, "predict", None)  # the model alone, not the run
     if args.resume == "auto":
         path = os.path.join(args.output_dir, "checkpoint.pth")
         args.resume = path if os.path.isfile(path) else ""
     if not args.resume:
         return None
     ckpt = load_checkpoint(args.resume)
-    needed = TO_EVALUATE if args.evaluate else TO_RESUME
+    needed = TO_EVALUATE if scoring else TO_RESUME
     missing = [key for key in needed if key not in ckpt]
     missing += [f"args.{key}" for key in ("arch", "batch_size") if key not in ckpt.get("args", {})]
     script = os.path.basename(sys.argv[0])
@@ -585,13 +586,13 @@ def checkpoint_to_resume(args, as_trained=()):
             f"--resume {args.resume}: lacks {', '.join(missing)}, which {script} writes in every "
             f"checkpoint (an older version's or an edited file); start anew, or --weights it"
         )
-    if not args.evaluate and args.loader == "dali" and not ckpt.get("dali"):
+    if not scoring and args.loader == "dali" and not ckpt.get("dali"):
         raise UsageError(
             f"--resume {args.resume}: holds no DALI state (its run had --loader synthetic), so "
             f"DALI cannot continue where it stopped; resume with --loader synthetic, "
             f"or --weights it"
         )
-    if args.evaluate:
+    if scoring:
         evaluate_as_trained(args, ckpt["args"], as_trained)
     return ckpt
 
@@ -608,7 +609,8 @@ def evaluate_as_trained(args, saved, names):
         setattr(args, k, saved[k])
     if taken and (not dist.is_initialized() or dist.get_rank() == 0):
         flags = " ".join(f"--{k.replace('_', '-')} {saved[k]}" for k in taken)
-        print(f"--evaluate: {flags}, as in {args.resume}", flush=True)
+        what = "--predict" if getattr(args, "predict", None) else "--evaluate"
+        print(f"{what}: {flags}, as in {args.resume or args.weights}", flush=True)
 
 
 def load_checkpoint(path):
@@ -692,6 +694,91 @@ def resume(ckpt, args, world, state, steps, log):
     )
     loss_sum = ckpt.get("loss_sum", [0.0] * world.size)[world.rank] if first_step else 0.0
     return start_epoch, first_step, ckpt["best"], loss_sum
+
+
+# ------------------------------------------------------------------------------------------
+# predicting: the trained model on new images
+# ------------------------------------------------------------------------------------------
+
+# What --predict reads: PNG and JPEG files, known by their extension (any case).
+PREDICT_EXTENSIONS = (".png", ".jpg", ".jpeg")
+
+
+def checkpoint_to_predict(args, as_trained):
+    """--predict's model: --resume's checkpoint (see checkpoint_to_resume), or --weights' file: a
+    checkpoint of the trainer's (the flags in ``as_trained`` then its run's unless given) or a
+    bare state dict (the flags as given), as {"model": state dict}."""
+    if args.resume:
+        return checkpoint_to_resume(args, as_trained)
+    try:
+        ckpt = torch.load(args.weights, map_location="cpu", weights_only=True)
+    except Exception as e:
+        why = (str(e).strip() or type(e).__name__).splitlines()[-1][:200]
+        raise UsageError(
+            f"--weights {args.weights}: not a weights file (a state dict or a checkpoint; {why})"
+        ) from None
+    if isinstance(ckpt, dict) and isinstance(ckpt.get("args"), dict) and "model" in ckpt:
+        evaluate_as_trained(args, ckpt["args"], as_trained)
+        return ckpt
+    return {"model": ckpt}
+
+
+def load_to_predict(model, ckpt, args, world):
+    """``model`` with ``ckpt``'s weights, every tensor (a head left random would predict
+    nonsense), on this process's device, in eval mode."""
+    state, own = ckpt["model"], model.state_dict()
+    if not state.keys() & own.keys():  # torchvision's keys for a model inside a wrapper
+        state = {f"model.{k}": v for k, v in state.items()}
+    try:
+        model.load_state_dict(state)
+    except RuntimeError as e:
+        where = f"--resume {args.resume}" if args.resume else f"--weights {args.weights}"
+        raise UsageError(
+            f"{where}: its weights do not fit this model ({str(e).splitlines()[1].strip()}); "
+            f"pass the model flags it was trained with"
+        ) from None
+    return model.to(world.device).eval()
+
+
+def images_to_predict(args):
+    """Every PNG or JPEG file under --predict DIR, in any subfolder, sorted; none inside
+    --output-dir, which may lie within DIR: a second run must not predict on the first's output."""
+    root = args.predict
+    if not os.path.isdir(root):
+        raise UsageError(
+            f"--predict {root}: no such directory (expected PNG or JPEG files under DIR)"
+        )
+    out = os.path.join(os.path.abspath(args.output_dir), "")
+    files = [
+        f
+        for f in walk(root)
+        if f.lower().endswith(PREDICT_EXTENSIONS) and not os.path.abspath(f).startswith(out)
+    ]
+    if not files:
+        raise UsageError(
+            f"--predict {root}: no image found (expected PNG or JPEG files under DIR, in any "
+            f"subfolder, named .png, .jpg or .jpeg)"
+        )
+    return files
+
+
+def refuse_overwrite(args, outputs):
+    """``outputs``, (file to write, the input it comes from) pairs: refused in one line where two
+    inputs would write one file, or, without --overwrite, where a file exists. Every process
+    checks before any writes."""
+    made_from = {}
+    for path, source in outputs:
+        if path in made_from:
+            raise UsageError(
+                f"{made_from[path]} and {source}: both would be written as {path}; rename one"
+            )
+        made_from[path] = source
+    if not args.overwrite and (found := next(filter(os.path.exists, made_from), None)):
+        raise UsageError(
+            f"{found}: exists; pass --overwrite to replace it, or another --output-dir"
+        )
+    if dist.is_initialized():
+        dist.barrier()  # no process writes before every one has checked
 
 
 # ------------------------------------------------------------------------------------------
