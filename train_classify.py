@@ -7,6 +7,7 @@
     python train_classify.py --data /data/imagenet --loader synthetic   # the model's own ceiling
     python train_classify.py --data /data/imagenet --resume runs/classify/exp1/checkpoint.pth
     python train_classify.py --data /data/imagenet --resume runs/classify/exp1/best.pth --evaluate
+    python train_classify.py --predict photos/ --resume runs/classify/exp1/best.pth --output-dir out
 
 --data (local or s3://) holds train/ and val/: ImageFolder trees, TFRecord files or WebDataset tars
 (make_shards.py writes both). DALI decodes and augments on the GPU when there is one; without one,
@@ -17,6 +18,7 @@ Needs beside it: pipelines.py (the DALI pipelines), data_sources.py (what they r
 bottom: flags, model and loss, train_one_epoch and evaluate, main and its phases.
 """
 
+import csv
 import difflib
 import os
 import time
@@ -141,7 +143,7 @@ import torchvision
 from torchvision.transforms import v2
 
 import training
-from data_sources import data_digest, decode_errors_named, isdir, plan_decoder_cache
+from data_sources import atomic_open, data_digest, decode_errors_named, isdir, plan_decoder_cache
 from pipelines import ClassifyTrainPipeline, ClassifyValPipeline, classify_iterator
 from training import UsageError
 
@@ -236,6 +238,8 @@ def describe(metrics):
 
 def main(args):
     world = training.setup_distributed(args)  # torchrun's ranks; this process's device
+    if args.predict:  # the trained model on new images: no --data, no run folder
+        return predict(args, world)
     ckpt = training.checkpoint_to_resume(args, EVALUATE_AS_TRAINED)  # --resume's, or auto's
     locate_data(args, world)  # builds the demo set, or checks --data
     log = training.open_run(args, world, ckpt, RUNS_DIR)  # the run folder, locked, and its log
@@ -286,6 +290,61 @@ def main(args):
         if signum := stop.agree()[0]:
             training.StopSignals.exit(signum, path, epoch, loaders.steps)
     log.close("val_top1", checkpoints.best)
+
+
+# ------------------------------------------------------------------------------------------
+# --predict: the trained model on new images
+# ------------------------------------------------------------------------------------------
+
+
+@torch.no_grad()
+def predict(args, world):
+    """--predict DIR: --output-dir/predictions.csv, a row per PNG or JPEG under DIR: its path in
+    DIR, then its top-5 classes (the checkpoint's names), each with its probability, most likely
+    first; the images transformed as validation's. Under torchrun each process predicts its share
+    and the main one writes the file."""
+    ckpt = training.checkpoint_to_predict(args, EVALUATE_AS_TRAINED)
+    files = training.images_to_predict(args)
+    path = os.path.join(args.output_dir, "predictions.csv")
+    training.refuse_overwrite(args, [(path, args.predict)])
+    classes = ckpt.get("classes") or [str(k) for k in range(args.num_classes or 1000)]
+    model = training.load_to_predict(make_model(args, len(classes)), ckpt, args, world)
+    pipe = ClassifyValPipeline(  # a list of files: each labelled by its position in it
+        args.batch_size,
+        args.workers,
+        world.local_rank if args.dali_device == "gpu" else None,
+        args.predict,
+        file_list=files,
+        crop_size=args.val_crop_size,
+        resize_size=args.val_resize_size,
+        shard_id=world.rank,
+        num_shards=world.size,
+        hw_decoder_load=args.hw_decoder_load,
+    )
+    rows, top_k = [], min(5, len(classes))
+    with decode_errors_named(pipe):  # a file DALI cannot decode: one line naming it
+        for batch in classify_iterator(pipe):
+            with training.autocast(args, world.device):
+                logits = model(batch[0]["data"].to(world.device))
+            top = logits.float().softmax(1).topk(top_k)
+            for k, probs, indexes in zip(batch[0]["label"].flatten(), top.values, top.indices):
+                row = [os.path.relpath(files[k], args.predict)]
+                for p, i in zip(probs.tolist(), indexes.tolist()):
+                    row += [classes[i], f"{p:.6f}"]
+                rows.append(row)
+    shares = [rows]
+    if world.distributed:
+        shares = [None] * world.size if world.main else None
+        dist.gather_object(rows, shares, dst=0)
+    if world.main:
+        os.makedirs(args.output_dir, exist_ok=True)
+        with atomic_open(path, "w") as f:
+            writer = csv.writer(f, lineterminator="\n")
+            writer.writerow(
+                ["path"] + [f"{c}{n}" for n in range(1, top_k + 1) for c in ("class", "prob")]
+            )
+            writer.writerows(sorted(row for share in shares for row in share))
+        print(f"--predict: {len(files)} images of {args.predict} into {path}")
 
 
 # ------------------------------------------------------------------------------------------
