@@ -108,8 +108,8 @@ def get_args_parser():
     g.add_argument(
         "--tta",
         action="store_true",
-        help="--predict: average the probabilities over the image and its horizontal and "
-        "vertical flips",
+        help="--predict: average the probabilities over the image and its horizontal, vertical "
+        "and both-ways flips",
     )
     flags.add_optimisation_flags(parser.add_argument_group("optimisation"))
     flags.add_output_flags(parser.add_argument_group("output and checkpoints"), RUNS_DIR)
@@ -567,13 +567,14 @@ def predict(args, world):
 
 def predicted_scores(model, images, args):
     """The model's logits; with --tta the mean of its probabilities (softmax, sigmoid when binary)
-    over the images and their horizontal and vertical flips, each flipped back."""
+    over the images and their horizontal, vertical and both-ways flips, each flipped back: with
+    both-ways (as nnU-Net's mirroring) a flipped image gets exactly the flipped prediction."""
     if not args.tta:
         return model(images)
     probabilities = (
         torch.sigmoid if args.num_classes == 1 else functools.partial(torch.softmax, dim=1)
     )
-    flips = ([], [3], [2])  # none, horizontal, vertical
+    flips = ([], [3], [2], [2, 3])  # none, horizontal, vertical, both
     return sum(probabilities(model(images.flip(d)).float()).flip(d) for d in flips) / len(flips)
 
 
