@@ -348,7 +348,7 @@ def evaluate(model, batches, args, device):
             logits = model(images).float()
         confusion += count_at_own_size(logits, own_masks, own_sizes.tolist(), args)
         if first is None:
-            pred = predict(logits[:4], args.num_classes)
+            pred = classes_of(logits[:4], args.num_classes)
             first = (images[:4].float(), masks[:4, 0], pred)
     confusion = torch.tensor(
         training.all_reduce_sum(confusion.tolist(), device), dtype=torch.float64
@@ -356,7 +356,7 @@ def evaluate(model, batches, args, device):
     return scores(confusion.view(n, n), args.num_classes), first
 
 
-def predict(logits, num_classes):
+def classes_of(logits, num_classes):
     """(B, H, W) classes of (B, C, H, W) scores."""
     return (logits[:, 0] > 0).long() if num_classes == 1 else logits.argmax(1)
 
@@ -372,7 +372,7 @@ def count_at_own_size(logits, own_masks, own_sizes, args):
             scores_[None], size=(height, width), mode="bilinear", align_corners=False
         )
         target = own[0, :height, :width].long()  # the rest is the batch's padding
-        counted = target * n + predict(scores_, args.num_classes)[0]
+        counted = target * n + classes_of(scores_, args.num_classes)[0]
         counts += torch.bincount(counted[kept_pixels(target, args.ignore_index)], minlength=n * n)
     return counts
 
