@@ -701,9 +701,10 @@ def segment_iterator(pipe):
     ``batch[0]["mask"]``.
 
     A validation pipeline yields every sample of its shard exactly once per epoch (the last batch
-    partial); with ``own_size_masks`` also ``batch[0]["own_mask"]`` and ``batch[0]["own_size"]``. A training pipeline yields full batches only, the same number on every shard, the
-    last one filled with repeats of the shard's own samples: under DDP every rank takes the same
-    number of steps, on real data.
+    partial); with ``own_size_masks`` also ``batch[0]["own_mask"]`` and ``batch[0]["own_size"]``.
+    A training pipeline yields full batches only, the same number on every shard, the last one
+    filled with repeats of the shard's own samples: under DDP every rank takes the same number of
+    steps, on real data.
     """
     return DALIGenericIterator(
         pipe,

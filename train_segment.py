@@ -687,20 +687,7 @@ def build_loaders(args, world, ckpt, log):
     if ckpt:
         training.check_resumable(ckpt, args, classes, num_samples, world.size, digest)
     train_loader, val_loader = segment_iterator(train_pipe), segment_iterator(val_pipe)
-    where = f"run folder {log.dir}; " if log.dir else ""
-    val_samples = len(splits["valid"][0])
-    log(
-        {
-            "type": "start",
-            "output_dir": log.dir,
-            "data": args.data,
-            "train_samples": num_samples,
-            "val_samples": val_samples,
-            "channels": train_pipe.channels,
-        },
-        f"{where}data {args.data}: {num_samples} train and {val_samples} val pairs, "
-        f"{train_pipe.channels}-channel images",
-    )
+    log_data(args, log, train_pipe, num_samples, len(splits["valid"][0]))
     loaders = SimpleNamespace(
         train_loader=train_loader,
         steps=len(train_loader),  # the same on every process: every shard runs as many full batches
@@ -713,6 +700,22 @@ def build_loaders(args, world, ckpt, log):
     )
     loaders.train_batches = lambda first_step: train_batches(args, world, loaders, first_step)
     return loaders
+
+
+def log_data(args, log, train_pipe, num_samples, val_samples):
+    where = f"run folder {log.dir}; " if log.dir else ""
+    log(
+        {
+            "type": "start",
+            "output_dir": log.dir,
+            "data": args.data,
+            "train_samples": num_samples,
+            "val_samples": val_samples,
+            "channels": train_pipe.channels,
+        },
+        f"{where}data {args.data}: {num_samples} train and {val_samples} val pairs, "
+        f"{train_pipe.channels}-channel images",
+    )
 
 
 def check_mask_values(args, world, splits):
