@@ -484,8 +484,7 @@ def save_overlay(path, images, masks, preds, num_classes, line=16):
     images = (255 * (images - low) / (high - low).clamp(min=1e-6)).to(torch.uint8)
     images = images.expand(-1, 3, -1, -1).cpu()
     classes = list(range(1, max(2, num_classes)))  # foreground classes; background stays bare
-    hues = [(1 / 3 + k / len(classes)) % 1 for k in range(len(classes))]  # green, then evenly apart
-    colors = [tuple(round(255 * c) for c in colorsys.hsv_to_rgb(hue, 1, 1)) for hue in hues]
+    colors = class_colors(num_classes)[1:]
     shown = torch.tensor(classes)[:, None, None]
     tiles = []
     for image, mask, pred in zip(images, masks.cpu(), preds.cpu()):
@@ -597,7 +596,7 @@ def prediction_paths(args, files, folder):
 
 def class_colors(num_classes):
     """An RGB colour per class: black for the background (0), the foreground classes evenly apart
-    in hue, from green, as save_overlay draws them."""
+    in hue, from green (save_overlay's and --predict's)."""
     classes = max(2, num_classes) - 1
     hues = [(1 / 3 + k / classes) % 1 for k in range(classes)]
     return [(0, 0, 0)] + [tuple(round(255 * c) for c in colorsys.hsv_to_rgb(h, 1, 1)) for h in hues]
