@@ -405,7 +405,9 @@ class ClassifyReader:
     first use, see ``shard_index``). Every shard returns the same number of batches, as DDP needs: a
     training reader (``shuffle``) repeats a few distinct samples of the set so that every shard
     holds whole batches (see ``repeats``), a validation reader pads its last batch, which the
-    iterator drops. Stored labels outside [0, num_classes) raise ``DataError``.
+    iterator drops. Stored labels outside [0, num_classes) raise ``DataError``. ``ra_reps`` (an
+    ImageFolder tree or a file list only) reads torchvision's repeated augmentation instead (see
+    ``RepeatedAugmentation``), its order drawn from ``ra_seed``, the same on every shard.
     """
 
     def __init__(
@@ -422,9 +424,27 @@ class ClassifyReader:
         batch_size,
         stick_to_shard=False,
         skip_cached_images=False,
+        ra_reps=0,
+        ra_seed=0,
     ):
         self.label_offset, self.data_dir = label_offset, data_dir
         self.layout = "folder" if file_list is not None else find_layout(data_dir)
+        self.ra = ra_reps and functools.partial(
+            RepeatedAugmentation,
+            reps=ra_reps,
+            shard_id=shard_id,
+            num_shards=num_shards,
+            batch_size=batch_size,
+            seed=ra_seed,
+        )
+        if self.ra and self.layout != "folder":
+            raise DataError(
+                f"{data_dir}: --ra-sampler reads ImageFolder trees and file lists, not "
+                f"{self.layout} shards (read one by one from a shuffle buffer); expected one of "
+                "those, or no --ra-sampler"
+            )
+        # what the iterator counts an epoch by: the reader's own shard, or the sampler's batches
+        self.epoch = dict(reader_name="Reader")
         args = dict(
             shard_id=shard_id,
             num_shards=num_shards,
@@ -466,6 +486,14 @@ class ClassifyReader:
             if labels:
                 ranges = [(file_list, min(labels), max(labels))]
         self.num_samples = len(self.files)
+        if self.ra:
+            self.ra = self.ra(self.files, labels)
+            self.epoch = dict(size=self.ra.steps * self.ra.batch_size)
+            self.reader = ops.ExternalSource(
+                source=self.ra.batch, num_outputs=2, batch=True, batch_info=True
+            )
+            self.read_files = ops.io.file.Read()
+            return ranges
         n = extra(self.num_samples)
         files, labels = self.files + repeats(self.files, n), labels + repeats(labels, n)
         self.reader = ops.readers.File(files=files, labels=labels, **args)
@@ -530,9 +558,59 @@ class ClassifyReader:
             labels = self.sum(digits * place_values) // 10 ** (
                 LABEL_DIGITS - text.shape(dtype=types.INT64)
             )
+        elif self.ra:
+            names, labels = self.reader()
+            images = self.read_files(names)
         else:
             images, labels = self.reader()
         return images, self.to_int32(labels - self.label_offset)
+
+
+class RepeatedAugmentation:
+    """torchvision's RASampler (references/classification/sampler.py) as a DALI batch source of
+    (file name, label): every epoch a permutation of the set drawn from ``seed`` + epoch, each index
+    repeated ``reps`` times in a row, padded to a multiple of ``num_shards``; shard r takes every
+    ``num_shards``-th from r, and keeps the first (len // 256 * 256) // num_shards of them. An epoch
+    keeps its length and sees about 1 / ``reps`` of the images, each ``reps`` times, the copies on
+    different shards where there are enough, each differently augmented. The last batch is filled
+    with the shard's next indices, so every shard runs ``steps`` full batches.
+
+    DALI's checkpoint restores the iteration of a source that takes a ``BatchInfo``, and the batch
+    is a function of that alone (the source runs on, never ending an epoch; the iterator counts
+    them by size), so a resumed run reads on from the same sample."""
+
+    def __init__(self, files, labels, *, reps, shard_id, num_shards, batch_size, seed):
+        self.files, self.labels, self.reps, self.seed = files, labels, reps, seed
+        self.shard_id, self.num_shards, self.batch_size = shard_id, num_shards, batch_size
+        self.selected = len(files) // 256 * 256 // num_shards
+        self.steps = math.ceil(self.selected / batch_size)
+        if not self.steps:
+            raise DataError(
+                f"--ra-sampler: {len(files)} training samples leave no batch for each of "
+                f"{num_shards} process(es) (RASampler keeps len // 256 * 256 / processes per "
+                f"process and epoch); expected at least 256 samples, or no --ra-sampler"
+            )
+
+    @functools.lru_cache(maxsize=2)  # an epoch's indices, computed once on its first batch
+    def indices(self, epoch):
+        import torch  # torchvision's own generator and permutation, as its sampler draws them
+
+        generator = torch.Generator()
+        generator.manual_seed(self.seed + epoch)
+        order = torch.randperm(len(self.files), generator=generator).repeat_interleave(self.reps)
+        total = math.ceil(len(order) / self.num_shards) * self.num_shards
+        order = torch.cat([order, order[: total - len(order)]])
+        return order[self.shard_id :: self.num_shards].tolist()
+
+    def batch(self, info):
+        epoch, step = divmod(info.iteration, self.steps)
+        mine = self.indices(epoch)
+        first = step * self.batch_size
+        picked = [mine[k % len(mine)] for k in range(first, first + self.batch_size)]
+        return (
+            [np.frombuffer(self.files[i].encode(), np.uint8) for i in picked],
+            [np.array([self.labels[i]], np.int32) for i in picked],
+        )
 
 
 def read_file_list(data_dir, file_list):
@@ -1067,8 +1145,12 @@ def plan_decoder_cache(mode, pipes, free_mb):
     decoder of the process, so all of ``pipes`` get the same size."""
     if mode == "off" or pipes[0].device_id is None:
         return None, None
+    why = None
     if remote(pipes[0].read.data_dir):  # the estimate reads a sample of the images from Python
         why = "not for data in object storage, whose images it cannot sample"
+    elif pipes[0].read.ra:  # a process's share changes every epoch: a cache of it would miss
+        why = "not with --ra-sampler, whose processes read other images every epoch"
+    if why:
         if mode == "on":
             raise DataError(f"--decoder-cache on: {why}; pass auto or off")
         return None, f"decoder cache off ({mode}): {why}"

@@ -24,6 +24,7 @@ operator-level helpers their ``define_graph`` calls (the CPU fallbacks). What th
 import functools
 import math
 import os
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -102,6 +103,8 @@ class _ClassifyPipeline(Pipeline):
         host_memory_padding=HOST_MEMORY_PADDING,
         decoder_cache=None,
         prefetch_queue_depth=2,
+        ra_reps=0,
+        ra_seed=0,
         **pipeline_kwargs,
     ):
         pipeline_kwargs = cpu_concurrency(device_id, pipeline_kwargs)
@@ -131,6 +134,8 @@ class _ClassifyPipeline(Pipeline):
             batch_size=batch_size,
             stick_to_shard=self.cached,
             skip_cached_images=bool(self.cached and decoder_cache),
+            ra_reps=ra_reps,
+            ra_seed=ra_seed,
         )
         self.layout, self.files, self.classes = self.read.layout, self.read.files, self.read.classes
         self.num_classes, self.num_samples = self.read.num_classes, self.read.num_samples
@@ -188,7 +193,8 @@ class ClassifyTrainPipeline(_ClassifyPipeline):
     training class names, which number a folder's labels), ``hw_decoder_load`` (None:
     ``DEFAULT_HW_DECODER_LOAD``), the decoder's memory paddings, ``decoder_cache`` (MB of GPU
     memory for decoded images; None: decode only the crop's window, uncached),
-    ``prefetch_queue_depth``; the rest goes to DALI's ``Pipeline`` (``enable_checkpointing``,
+    ``prefetch_queue_depth``, ``ra_reps`` and ``ra_seed`` (torchvision's repeated augmentation,
+    ``data_sources.RepeatedAugmentation``; 0: off); the rest goes to DALI's ``Pipeline`` (``enable_checkpointing``,
     ``checkpoint``, ``exec_dynamic``, ...).
     """
 
@@ -346,9 +352,12 @@ def classify_iterator(pipe):
     (BatchNorm needs more), and trains on those few samples twice. Validation batches drop the
     padding: every sample is seen exactly once.
     """
-    return DALIClassificationIterator(
-        pipe, reader_name="Reader", last_batch_policy=pipe.last_batch_policy, auto_reset=True
-    )
+    with warnings.catch_warnings():
+        # --ra-sampler's epochs are counted by size, which DALI warns of as if a reader's shard
+        warnings.filterwarnings("ignore", "Please set `reader_name`")
+        return DALIClassificationIterator(
+            pipe, **pipe.read.epoch, last_batch_policy=pipe.last_batch_policy, auto_reset=True
+        )
 
 
 # ------------------------------------------------------------------------------------------

@@ -7,6 +7,7 @@ file. CPU-only DALI."""
 import functools
 import io
 import json
+import math
 import os
 import re
 import shutil
@@ -37,6 +38,7 @@ from conftest import (
     seg_mask,
     seg_pipe,
     to_shards,
+    unnormalize,
 )
 from data_sources import DataError, find_layout, find_undecodable, list_image_folder, shard_files
 from make_shards import make_shards, write_tar, write_tfrecord
@@ -794,3 +796,122 @@ def test_a_set_shares_one_kind_of_image_and_of_mask(seg_files, what, array):
         match=f"{paths[7]}: {what} of shape .* but the set's first {what} {paths[0]} is \\({first}",
     ):
         fetch_dali_loader(imgs, lbls, batch_size=2, mode="eval")
+
+
+# ------------------------------------------------------------------------------------------
+# classification: --ra-sampler, torchvision's repeated augmentation
+# ------------------------------------------------------------------------------------------
+
+RA_IMAGES = 300  # over 256: RASampler keeps len // 256 * 256 samples an epoch
+
+
+def ra_colour(i):
+    return (i % 250, 40 + 50 * (i // 250), 9)
+
+
+@pytest.fixture(scope="module")
+def ra_folder(tmp_path_factory):
+    """300 small solid images; image i, in class folder i // 100, is the set's i-th in ImageFolder
+    order and says i in its colour."""
+    root = tmp_path_factory.mktemp("ra")
+    for i in range(RA_IMAGES):
+        (root / f"c{i // 100}").mkdir(exist_ok=True)
+        Image.new("RGB", (12, 10), ra_colour(i)).save(root / f"c{i // 100}" / f"{i:03d}.png")
+    return root
+
+
+def ra_ids(images):
+    colours = np.rint(unnormalize(images).mean(axis=(1, 2))).astype(int)
+    return [int(r + 250 * ((g - 40) // 50)) for r, g, _ in colours]
+
+
+def rasampler(n, reps, rank, world, seed, epoch):
+    """torchvision's references/classification/sampler.py RASampler, set_epoch(epoch), untruncated
+    (its __iter__ keeps the first ``n // 256 * 256 // world``)."""
+    import torch
+
+    g = torch.Generator()
+    g.manual_seed(seed + epoch)
+    indices = torch.randperm(n, generator=g).tolist()
+    indices = [ele for ele in indices for i in range(reps)]
+    total_size = math.ceil(n * reps / world) * world
+    indices += indices[: (total_size - len(indices))]
+    return indices[rank:total_size:world]
+
+
+def ra_loader(folder, shard_id, batch_size=48, reps=4, ra_seed=7, **kwargs):
+    return classify_iterator(
+        ClassifyTrainPipeline(
+            batch_size,
+            1,
+            None,
+            str(folder),
+            crop_size=8,
+            shard_id=shard_id,
+            num_shards=2,
+            seed=5 + shard_id,
+            ra_reps=reps,
+            ra_seed=ra_seed,
+            **kwargs,
+        )
+    )
+
+
+def ra_epochs(loaders, epochs):
+    """[epoch][rank] (ids, labels) read."""
+    out = []
+    for _ in range(epochs):
+        out.append([])
+        for it in loaders:
+            ids, labels = [], []
+            for b in it:
+                ids += ra_ids(b[0]["data"])
+                labels += b[0]["label"].squeeze(-1).tolist()
+            out[-1].append((ids, labels))
+    return out
+
+
+def test_ra_sampler_reads_torchvisions_rasampler_order_over_two_shards(ra_folder):
+    loaders = [ra_loader(ra_folder, s) for s in range(2)]
+    selected = RA_IMAGES // 256 * 256 // 2  # 128 a rank: 3 batches of 48, the last filled up
+    assert [len(it) for it in loaders] == [3, 3]
+    epochs = ra_epochs(loaders, 2)
+    for epoch, ranks in enumerate(epochs):
+        for rank, (ids, labels) in enumerate(ranks):
+            assert len(ids) == 3 * 48 and labels == [i // 100 for i in ids]
+            assert ids == rasampler(RA_IMAGES, 4, rank, 2, 7, epoch)[: 3 * 48]
+        counts = Counter(ranks[0][0][:selected] + ranks[1][0][:selected])
+        # 256 samples: 64 images, each 4 times across the two ranks, 2 on each
+        assert len(counts) == 64 and set(counts.values()) == {4}
+        assert all(Counter(ranks[r][0][:selected])[i] == 2 for i in counts for r in (0, 1))
+    assert set(epochs[0][0][0]) != set(epochs[1][0][0])  # another selection and order
+    again = ra_epochs([ra_loader(ra_folder, s) for s in range(2)], 2)
+    assert again == epochs
+    other = ra_epochs([ra_loader(ra_folder, s, ra_seed=8) for s in range(2)], 1)
+    assert set(other[0][0][0]) != set(epochs[0][0][0])
+
+
+def test_ra_sampler_with_three_copies_keeps_256_samples_an_epoch(ra_folder):
+    """3 copies: 85 images thrice and the cut one's first copy, as RASampler truncates."""
+    (ranks,) = ra_epochs([ra_loader(ra_folder, s, batch_size=32, reps=3) for s in range(2)], 1)
+    assert [len(ids) for ids, _ in ranks] == [128, 128]
+    assert sorted(Counter(Counter(ranks[0][0] + ranks[1][0]).values()).items()) == [(1, 1), (3, 85)]
+
+
+def test_ra_sampler_resumes_mid_epoch_with_the_same_batches(ra_folder):
+    def loader(**kwargs):
+        return ra_loader(ra_folder, 1, random_erase=0.5, enable_checkpointing=True, **kwargs)
+
+    it = loader()
+    first_batches(it, 2)
+    checkpoint = it.checkpoints()[0]
+    expected = first_batches(it, 5)  # the epoch's last batch, then the next epoch's and more
+    assert same_batches(expected, first_batches(loader(checkpoint=checkpoint), 5))
+    assert same_batches(expected, first_batches(loader(), 7)[2:])
+
+
+def test_ra_sampler_refuses_shards_and_sets_under_256(split_root, fmt="tfrecord"):
+    with pytest.raises(DataError, match="--ra-sampler reads ImageFolder trees and file lists"):
+        ClassifyTrainPipeline(4, 1, None, str(to_shards(split_root, fmt) / "train"), ra_reps=3)
+    with pytest.raises(DataError, match="--ra-sampler: 21 training samples leave no batch"):
+        ClassifyTrainPipeline(4, 1, None, str(split_root / "train"), ra_reps=3)
