@@ -1396,3 +1396,23 @@ def test_srun_tasks_without_torchrun_are_refused_in_one_line(tmp_path):
     proc = run("--data", root, *TINY, cwd=str(tmp_path), env=env, check=False)
     assert_one_line_error(proc, "SLURM started 4 tasks (SLURM_NTASKS) without torchrun's RANK")
     assert not os.path.exists(tmp_path / "runs")
+
+
+def test_ra_sampler_runs_torchvisions_steps_and_validates_every_sample_once(tmp_path):
+    root = tiny_imagefolder(str(tmp_path / "data"), per_class=130, size=(12, 12))
+    out = str(tmp_path / "out")
+    tiny_run(root, out, "--ra-sampler", "--ra-reps", "4", "--batch-size", "48")
+    (start,) = records(out, "start")
+    # RASampler: 260 // 256 * 256 / 1 process = 256 samples, in ceil(256 / 48) = 6 steps
+    assert (start["ra_reps"], start["ra_samples"], start["steps_per_epoch"]) == (4, 256, 6)
+    assert {r["steps"] for r in records(out, "train")} == {6} and records(out, "train")[-1][
+        "step"
+    ] == 6
+    args = train_classify.parse_args(["--data", root, *TINY, "--ra-sampler", "--ra-reps", "4"])
+    world = SimpleNamespace(local_rank=0, rank=0, size=1)
+    train, val, _ = train_classify.make_pipelines(args, world, None)
+    assert train.read.ra.reps == 4 and not val.read.ra
+    seen = [len(b[0]["label"]) for b in train_classify.classify_iterator(val)]
+    assert sum(seen) == val.num_samples == 260  # each validation sample once
+    refused = tiny_run(root, out + "2", "--ra-reps", "4", check=False)
+    assert_one_line_error(refused, "--ra-reps 4: needs --ra-sampler")

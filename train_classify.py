@@ -82,6 +82,15 @@ def get_args_parser():
         default=0.0,
         help="probability of random erasing (in DALI)",
     )
+    g.add_argument(
+        "--ra-sampler",
+        action="store_true",
+        help="torchvision's repeated augmentation: each epoch about 1/--ra-reps of the training "
+        "images, each --ra-reps times across the processes (ImageFolder trees and file lists)",
+    )
+    g.add_argument(
+        "--ra-reps", type=flags.at_least_1, default=3, help="copies of each image (--ra-sampler)"
+    )
     flags.add_loader_flags(g)
     g.add_argument(
         "--hw-decoder-load",
@@ -126,6 +135,8 @@ def parse_args(argv=None):
     if args.crop_size:
         args.train_crop_size = args.val_crop_size = args.crop_size
         args.given += ["train_crop_size", "val_crop_size"]
+    if "ra_reps" in args.given and not args.ra_sampler:
+        parser.error(f"--ra-reps {args.ra_reps}: needs --ra-sampler, whose copies it counts")
     if args.val_resize_size < args.val_crop_size:
         parser.error(
             f"--val-resize-size {args.val_resize_size} is below --val-crop-size "
@@ -392,6 +403,8 @@ def make_pipelines(args, world, dali_state, cache=None):
         data_dir=os.path.join(args.data, "train"),
         crop_size=args.train_crop_size,
         random_erase=args.random_erase,
+        ra_reps=args.ra_reps if args.ra_sampler else 0,
+        ra_seed=args.seed,  # one order for every process
         enable_checkpointing=True,
         checkpoint=dali_state[world.rank] if dali_state else None,
         **common,
@@ -440,6 +453,12 @@ def build_loaders(args, world, ckpt, log):
     digest = data_digest(train_pipe.read.data_dir, train_pipe.files) if on_main else None
     if ckpt:
         training.check_resumable(ckpt, args, classes, train_pipe.num_samples, world.size, digest)
+        then, now = (a.get("ra_sampler") and a.get("ra_reps") for a in (ckpt["args"], vars(args)))
+        if then != now and not args.evaluate:  # the sampler's batches, or the reader's, go on
+            raise UsageError(
+                f"--resume {args.resume}: taken with --ra-reps {then or 'off'}, this run has "
+                f"{now or 'off'}; resume with the same, so the remaining batches are the same"
+            )
     with decode_errors_named(train_pipe):  # the iterators decode their first batches right away
         train_loader = classify_iterator(train_pipe)
     with decode_errors_named(val_pipe):
@@ -492,6 +511,13 @@ def log_data(args, log, train_pipe, val_pipe, classes):
     missing = len(set(classes) - in_val) if val_pipe.layout == "folder" else 0
     where = f"run folder {log.dir}; " if log.dir else ""
     lacking = f" ({missing} of them have no val samples)" if missing else ""
+    ra, repeated = train_pipe.read.ra, {}
+    if ra:
+        repeated = {"ra_reps": ra.reps, "ra_samples": ra.selected, "steps_per_epoch": ra.steps}
+        lacking += (
+            f"; --ra-sampler: {ra.selected} samples ({ra.reps} copies of each) in {ra.steps} "
+            f"steps per process and epoch"
+        )
     log(
         {
             "type": "start",
@@ -501,6 +527,7 @@ def log_data(args, log, train_pipe, val_pipe, classes):
             "train_samples": train_pipe.num_samples,
             "val_samples": val_pipe.num_samples,
             "classes": train_pipe.num_classes,
+            **repeated,
         },
         f"{where}data {args.data}: {train_pipe.layout}, {train_pipe.num_samples} train and "
         f"{val_pipe.num_samples} val samples, {train_pipe.num_classes} classes{lacking}",
