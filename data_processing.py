@@ -6,7 +6,7 @@ mask pair by name within a group (groups are subfolders such as 1..4). Convertin
 prepared root, the input of ``pipelines.fetch_dali_loader``:
 
     DST/Images/<group>/<name>.npy   (H, W, 3) uint8 RGB (RGBA and greyscale images become RGB;
-                                    16-bit greyscale becomes 8-bit as DALI decodes it, round(x / 257))
+                                    16-bit greyscale becomes 8-bit as DALI reads it: round(x / 257))
     DST/Masks/<group>/<name>.npy    (H, W, 1) uint8 class indices
     DST/csv_file/train.csv          index,images,masks  (paths relative to DST)
     DST/csv_file/valid.csv

@@ -12,7 +12,7 @@ SRC holds ImageFolder trees ``train/<class>/<image>`` and ``val/<class>/<image>`
     DST/train/classes.txt                train's class names, one a line, in index order
     DST/val/...                          the same for val, labelled by train's class names
     DST/manifest.json                    written last: the set is complete
-    DST/.lock                            held while a run writes DST: a second run at once is refused
+    DST/.lock                            held while a run writes DST: another run at once is refused
 
 The shards hold the original encoded files, byte for byte, in an order shuffled across classes with
 ``--seed``: DALI's shard readers shuffle only within a window, so the written order is what keeps a

@@ -194,8 +194,8 @@ class ClassifyTrainPipeline(_ClassifyPipeline):
     ``DEFAULT_HW_DECODER_LOAD``), the decoder's memory paddings, ``decoder_cache`` (MB of GPU
     memory for decoded images; None: decode only the crop's window, uncached),
     ``prefetch_queue_depth``, ``ra_reps`` and ``ra_seed`` (torchvision's repeated augmentation,
-    ``data_sources.RepeatedAugmentation``; 0: off); the rest goes to DALI's ``Pipeline`` (``enable_checkpointing``,
-    ``checkpoint``, ``exec_dynamic``, ...).
+    ``data_sources.RepeatedAugmentation``; 0: off); the rest goes to DALI's ``Pipeline``
+    (``enable_checkpointing``, ``checkpoint``, ``exec_dynamic``, ...).
     """
 
     last_batch_policy = LastBatchPolicy.FILL  # see classify_iterator
