@@ -31,6 +31,10 @@ import numpy as np
 import torch
 from nvidia.dali import math as dmath
 from nvidia.dali import ops, types
+from nvidia.dali import pipeline as dali_pipeline
+from nvidia.dali.auto_aug import augmentations as aug
+from nvidia.dali.auto_aug import auto_augment, rand_augment, trivial_augment
+from nvidia.dali.auto_aug.core import Policy
 from nvidia.dali.pipeline import OperatorConcurrency, Pipeline
 from nvidia.dali.plugin.base_iterator import LastBatchPolicy
 from nvidia.dali.plugin.pytorch import DALIClassificationIterator, DALIGenericIterator
@@ -188,14 +192,14 @@ class ClassifyTrainPipeline(_ClassifyPipeline):
     copy); labels (B, 1) int32. ``data_dir`` is an ImageFolder tree or a folder of TFRecord files or
     WebDataset tars (``data_sources.find_layout``). Keyword-only: ``crop_size``, ``shard_id``,
     ``num_shards``, ``seed``, ``file_list``, ``dtype``, ``output_layout``, ``random_area``,
-    ``random_aspect_ratio``, ``random_erase``, ``label_offset`` (subtracted from stored labels: 1
-    for TensorFlow's ImageNet TFRecords, which store 1..1000), ``num_classes``, ``classes`` (the
-    training class names, which number a folder's labels), ``hw_decoder_load`` (None:
-    ``DEFAULT_HW_DECODER_LOAD``), the decoder's memory paddings, ``decoder_cache`` (MB of GPU
-    memory for decoded images; None: decode only the crop's window, uncached),
-    ``prefetch_queue_depth``, ``ra_reps`` and ``ra_seed`` (torchvision's repeated augmentation,
-    ``data_sources.RepeatedAugmentation``; 0: off); the rest goes to DALI's ``Pipeline``
-    (``enable_checkpointing``, ``checkpoint``, ``exec_dynamic``, ...).
+    ``random_aspect_ratio``, ``auto_augment`` (``AUTO_AUGMENT``'s names), ``random_erase``,
+    ``label_offset`` (subtracted from stored labels: 1 for TensorFlow's ImageNet TFRecords, which
+    store 1..1000), ``num_classes``, ``classes`` (the training class names, which number a folder's
+    labels), ``hw_decoder_load`` (None: ``DEFAULT_HW_DECODER_LOAD``), the decoder's memory paddings,
+    ``decoder_cache`` (MB of GPU memory for decoded images; None: decode only the crop's window,
+    uncached), ``prefetch_queue_depth``, ``ra_reps`` and ``ra_seed`` (torchvision's repeated
+    augmentation, ``data_sources.RepeatedAugmentation``; 0: off); the rest goes to DALI's
+    ``Pipeline`` (``enable_checkpointing``, ``checkpoint``, ``exec_dynamic``, ...).
     """
 
     last_batch_policy = LastBatchPolicy.FILL  # see classify_iterator
@@ -211,6 +215,7 @@ class ClassifyTrainPipeline(_ClassifyPipeline):
         dtype="float32",
         random_area=RANDOM_AREA,
         random_aspect_ratio=RANDOM_ASPECT_RATIO,
+        auto_augment=None,
         random_erase=0.0,
         **kwargs,
     ):
@@ -256,17 +261,48 @@ class ClassifyTrainPipeline(_ClassifyPipeline):
             )
             self.resize = antialiased_resize(device_id, num_threads, size)
         self.flip = ops.random.CoinFlip(probability=0.5)
+        self.augment = lambda images, mirror: (images, mirror)
+        if auto_augment is not None:
+            self.build_auto_augment(auto_augment, crop_size)
         self.erase = unchanged
         if random_erase:
             self.build_erase(random_erase, cast_after_erase)
+        if auto_augment is not None:
+            self.define_with_conditionals()
 
     def define_graph(self):
         jpegs, labels = self.read()
         images = self.decode(jpegs)
         images = self.resize(images)
-        images = self.normalize(images, mirror=self.flip())
+        images, mirror = self.augment(images, self.flip())
+        images = self.normalize(images, mirror=mirror)
         images = self.erase(images)
         return images, labels
+
+    def build_auto_augment(self, name, crop_size):
+        self.augment = self.flip_and_auto_augment
+        self.policy, self.crop_size = choice("auto_augment", name, AUTO_AUGMENT), crop_size
+        # torchvision's order: flip, then the policy, on uint8 HWC images (the CPU resize gives
+        # CHW).
+        self.flip_op = ops.Flip(device=self.device)
+        self.to_hwc = unchanged
+        if self.device == "cpu":
+            self.to_hwc = ops.Transpose(perm=[1, 2, 0], output_layout="HWC")
+
+    def define_with_conditionals(self):
+        # DALI's policies pick each sample's operations with `if`s on its random draws: DALI's
+        # conditionals. The graph is defined now, by the steps of pipeline_def(enable_conditionals=
+        # True): define_graph converted by AutoGraph (which converts DALI's auto_aug modules in
+        # turn), the condition stack set up, then the graph traced where DALI's operator traces
+        # expect a converted function. build() then takes these outputs as set_outputs' ones.
+        # These steps are private to DALI: requirements.txt pins DALI exactly.
+        define_graph = dali_pipeline._preprocess_pipe_func(self.define_graph, True)
+        dali_pipeline._preprocess_pipe_object(self, True, (), {})
+        dali_pipeline._generate_graph(self, define_graph, (), {})
+
+    def flip_and_auto_augment(self, images, mirror):
+        images = self.to_hwc(self.flip_op(images, horizontal=mirror))
+        return self.policy(self.crop_size, images), 0
 
     def build_erase(self, probability, cast_after_erase):
         self.erase = self.erase_random_box
@@ -908,6 +944,74 @@ def fetch_dali_loader(imgs, lbls, batch_size, mode, **kwargs):
 
 # Elements of noise one task generates: DALI's own CPU random operators split a large sample so.
 NOISE_CHUNK = 1 << 16
+
+
+# --auto-augment: torchvision's policies with DALI's operators, drawing with DALI's random operators
+# (seeded from the pipeline's seed, restored by its checkpoints). As torchvision: nearest-neighbour
+# warps filled with black, and RandAugment's 2 operations at magnitude 9 of 31 shifting by up to
+# 150/331 of the crop. TrivialAugmentWide's translation is DALI's default, torchvision's 32 pixels.
+TORCHVISION_WARP = dict(fill_value=0, interp_type=types.INTERP_NN)
+
+
+def trivial_augment_wide(crop_size, images):
+    return trivial_augment.trivial_augment_wide(images, **TORCHVISION_WARP)
+
+
+def rand_augment_2_9(crop_size, images):
+    shape = dict(shape=(crop_size, crop_size), max_translate_rel=150 / 331)
+    return rand_augment.rand_augment(images, n=2, m=9, **shape, **TORCHVISION_WARP)
+
+
+def imagenet_auto_augment(crop_size, images):
+    return auto_augment.apply_auto_augment(
+        torchvision_imagenet_policy(), images, **TORCHVISION_WARP
+    )
+
+
+def torchvision_imagenet_policy():
+    """torchvision's AutoAugmentPolicy.IMAGENET (DALI's "image_net" is another one, TensorFlow's)
+    with its magnitudes: 10 bins; posterize keeps 8 to 4 bits, solarize's threshold is 255 to 0;
+    the others' ranges are DALI's defaults, the same as torchvision's. Its one stage of
+    probability 0 is left out."""
+    posterize = aug.posterize.augmentation((8, 4), False, aug.poster_mask_uint8)
+    solarize = aug.solarize.augmentation((255, 0))
+    rotate, equalize, color, invert = aug.rotate, aug.equalize, aug.color, aug.invert
+    auto_contrast, contrast, sharpness = aug.auto_contrast, aug.contrast, aug.sharpness
+    sub_policies = [
+        [(posterize, 0.4, 8), (rotate, 0.6, 9)],
+        [(solarize, 0.6, 5), (auto_contrast, 0.6, None)],
+        [(equalize, 0.8, None), (equalize, 0.6, None)],
+        [(posterize, 0.6, 7), (posterize, 0.6, 6)],
+        [(equalize, 0.4, None), (solarize, 0.2, 4)],
+        [(equalize, 0.4, None), (rotate, 0.8, 8)],
+        [(solarize, 0.6, 3), (equalize, 0.6, None)],
+        [(posterize, 0.8, 5), (equalize, 1.0, None)],
+        [(rotate, 0.2, 3), (solarize, 0.6, 8)],
+        [(equalize, 0.6, None), (posterize, 0.4, 6)],
+        [(rotate, 0.8, 8), (color, 0.4, 0)],
+        [(rotate, 0.4, 9), (equalize, 0.6, None)],
+        [(equalize, 0.8, None)],
+        [(invert, 0.6, None), (equalize, 1.0, None)],
+        [(color, 0.6, 4), (contrast, 1.0, 8)],
+        [(rotate, 0.8, 8), (color, 1.0, 2)],
+        [(color, 0.8, 8), (solarize, 0.8, 7)],
+        [(sharpness, 0.4, 7), (invert, 0.6, None)],
+        [(aug.shear_x, 0.6, 5), (equalize, 1.0, None)],
+        [(color, 0.4, 0), (equalize, 0.6, None)],
+        [(equalize, 0.4, None), (solarize, 0.2, 4)],
+        [(solarize, 0.6, 5), (auto_contrast, 0.6, None)],
+        [(invert, 0.6, None), (equalize, 1.0, None)],
+        [(color, 0.6, 4), (contrast, 1.0, 8)],
+        [(equalize, 0.8, None), (equalize, 0.6, None)],
+    ]
+    return Policy("torchvision ImageNet", num_magnitude_bins=10, sub_policies=sub_policies)
+
+
+AUTO_AUGMENT = {
+    "ta_wide": trivial_augment_wide,
+    "ra": rand_augment_2_9,
+    "imagenet": imagenet_auto_augment,
+}
 
 
 def unchanged(data):

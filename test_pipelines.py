@@ -56,6 +56,8 @@ from pipelines import (
 )
 
 pytestmark = pytest.mark.usefixtures("no_dist_env")
+# --auto-augment's policies
+POLICIES = ["ta_wide", "ra", "imagenet"]
 
 
 # ------------------------------------------------------------------------------------------
@@ -345,8 +347,11 @@ def test_random_erase_in_float16(solid_folder):
     assert (images == 0).all(dim=1).flatten(1).any(dim=1).all()  # a box in every image
 
 
-@pytest.mark.parametrize("fmt", ["folder", *FORMATS])
-def test_checkpoint_resumes_mid_epoch_with_the_same_batches(split_root, fmt):
+@pytest.mark.parametrize(
+    "fmt,auto_augment",
+    [("folder", None), *((fmt, None) for fmt in FORMATS), *(("folder", p) for p in POLICIES)],
+)
+def test_checkpoint_resumes_mid_epoch_with_the_same_batches(split_root, fmt, auto_augment):
     data = split_root / "train" if fmt == "folder" else to_shards(split_root, fmt) / "train"
 
     def loader(**kwargs):
@@ -359,6 +364,7 @@ def test_checkpoint_resumes_mid_epoch_with_the_same_batches(split_root, fmt):
                 crop_size=16,
                 seed=3,
                 random_erase=0.5,
+                auto_augment=auto_augment,
                 enable_checkpointing=True,
                 **kwargs,
             )
@@ -375,6 +381,60 @@ def test_checkpoint_resumes_mid_epoch_with_the_same_batches(split_root, fmt):
     assert len(expected) == 4 + 6  # 21 samples in batches of 4: 6 a epoch, 2 were taken
     assert all(torch.equal(a, c) and torch.equal(b, d) for (a, b), (c, d) in zip(expected, resumed))
     assert len(resumed) == len(expected)
+
+
+# ------------------------------------------------------------------------------------------
+# classification: auto-augment
+# ------------------------------------------------------------------------------------------
+
+
+def three_epochs(folder, device_id=None, seed=7, **kwargs):
+    pipe = ClassifyTrainPipeline(4, 2, device_id, str(folder), crop_size=32, seed=seed, **kwargs)
+    it = classify_iterator(pipe)
+    return torch.cat([b[0]["data"].cpu() for epoch in range(3) for b in it])
+
+
+def check_auto_augment(folder, policy, device_id=None, **kwargs):
+    """Under ``policy`` the images are still uint8 images before normalization, most unlike the
+    plain ones; returns how many are the same. On the CPU the crops and flips are the same draws as
+    without it, so a sample the policy left alone (identity, or its stages skipped) is the same."""
+    plain = three_epochs(folder, device_id, **kwargs)
+    augmented = three_epochs(folder, device_id, auto_augment=policy, **kwargs)
+    assert augmented.shape == plain.shape == (36, 3, 32, 32) and augmented.dtype == torch.float32
+    pixels = unnormalize(augmented)
+    assert np.abs(pixels - np.rint(pixels)).max() < 1e-3
+    assert pixels.min() > -1e-3 and pixels.max() < 255 + 1e-3
+    unchanged = sum(torch.equal(a, p) for a, p in zip(augmented, plain))
+    assert unchanged < len(plain) / 2
+    return unchanged
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_auto_augment_changes_images_within_uint8_images(texture_folder, policy):
+    assert check_auto_augment(texture_folder, policy) > 0
+
+
+def test_trivial_augment_of_a_solid_colour_is_its_colour_or_another_and_black_fill(solid_folder):
+    # one colour operation or one warp (nearest neighbour, black where the image moved out)
+    images = three_epochs(solid_folder, auto_augment="ta_wide")
+    changed = 0
+    for image, identity in zip(unnormalize(images), identities(three_epochs(solid_folder))):
+        colours = np.unique(np.rint(image).reshape(-1, 3), axis=0)
+        assert len(colours) == 1 or (len(colours) == 2 and not colours[0].any()), colours
+        changed += tuple(colours[-1]) != solid_colour(*identity)
+    assert changed > 0
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_auto_augment_repeats_with_its_seed(texture_folder, policy):
+    first = three_epochs(texture_folder, auto_augment=policy)
+    assert torch.equal(first, three_epochs(texture_folder, auto_augment=policy))
+    assert not torch.equal(first, three_epochs(texture_folder, seed=8, auto_augment=policy))
+
+
+def test_unknown_auto_augment_policy_is_refused(texture_folder):
+    with pytest.raises(ValueError, match="auto_augment must be 'ta_wide' or 'ra' or 'imagenet'"):
+        ClassifyTrainPipeline(4, 1, None, str(texture_folder), auto_augment="autoaugment")
 
 
 # ------------------------------------------------------------------------------------------
@@ -1251,7 +1311,17 @@ def test_gpu_decoder_cache_gives_the_batches_of_the_same_pipeline_without_it(tex
 
 
 @gpu
-def test_gpu_decoder_cache_resumes_from_a_checkpoint_with_the_same_batches(texture_folder):
+@pytest.mark.parametrize("cache", [None, 64])
+@pytest.mark.parametrize("policy", POLICIES)
+def test_gpu_auto_augment_changes_images_within_uint8_images(texture_folder, policy, cache):
+    check_auto_augment(texture_folder, policy, device_id=0, decoder_cache=cache)
+
+
+@gpu
+@pytest.mark.parametrize("auto_augment", [None, "ta_wide"])
+def test_gpu_decoder_cache_resumes_from_a_checkpoint_with_the_same_batches(
+    texture_folder, auto_augment
+):
     def loader(**kwargs):
         return classify_iterator(
             ClassifyTrainPipeline(
@@ -1262,6 +1332,7 @@ def test_gpu_decoder_cache_resumes_from_a_checkpoint_with_the_same_batches(textu
                 crop_size=24,
                 seed=5,
                 decoder_cache=64,
+                auto_augment=auto_augment,
                 enable_checkpointing=True,
                 **kwargs,
             )

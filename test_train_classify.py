@@ -625,6 +625,16 @@ def test_sync_bn_under_cpu_training_is_refused(tmp_path):
     assert_one_line_error(proc, "--sync-bn", "CUDA")
 
 
+def test_auto_augment_trains_and_an_unknown_policy_is_refused(tmp_path):
+    root = tiny_imagefolder(str(tmp_path / "d"))
+    tiny_run(root, str(tmp_path / "o"), "--auto-augment", "ta_wide")
+    (config,) = records(str(tmp_path / "o"), "config")
+    assert config["args"]["auto_augment"] == "ta_wide"
+    assert [e["epoch"] for e in records(str(tmp_path / "o"), "epoch")] == [1]
+    proc = tiny_run(root, str(tmp_path / "p"), "--auto-augment", "autoaugment", check=False)
+    assert_one_line_error(proc, "--auto-augment", "'ta_wide', 'ra', 'imagenet'")
+
+
 # ------------------------------------------------------------------------------------------
 # output folders: never replace a previous run
 # ------------------------------------------------------------------------------------------

@@ -77,6 +77,12 @@ def get_args_parser():
     g.add_argument("--val-crop-size", type=size, default=224, help="centre crop for validation")
     g.add_argument("--crop-size", type=size, help="sets --train-crop-size and --val-crop-size")
     g.add_argument(
+        "--auto-augment",
+        choices=["ta_wide", "ra", "imagenet"],
+        help="torchvision's TrivialAugmentWide, RandAugment or ImageNet AutoAugment policy, after "
+        "the crop and flip (in DALI; default: none)",
+    )
+    g.add_argument(
         "--random-erase",
         type=flags.probability,
         default=0.0,
@@ -402,6 +408,7 @@ def make_pipelines(args, world, dali_state, cache=None):
         args.batch_size,
         data_dir=os.path.join(args.data, "train"),
         crop_size=args.train_crop_size,
+        auto_augment=args.auto_augment,
         random_erase=args.random_erase,
         ra_reps=args.ra_reps if args.ra_sampler else 0,
         ra_seed=args.seed,  # one order for every process
