@@ -31,6 +31,18 @@ non_negative = number(float, ">= 0", lambda v: v >= 0)
 probability = number(float, "in [0, 1]", lambda v: 0 <= v <= 1)
 below_one = number(float, "in [0, 1)", lambda v: 0 <= v < 1)
 
+# torchvision's --lr-scheduler names, in any case as torchvision takes them: each is our schedule of
+# the same lr at the start of every epoch.
+SCHEDULER_ALIASES = {
+    "steplr": "step",
+    "cosineannealinglr": "cosine",
+    "exponentiallr": "exponential",
+}
+
+
+def scheduler_name(text):
+    return SCHEDULER_ALIASES.get(text.lower(), text.lower())
+
 
 def new_parser(description):
     parser = argparse.ArgumentParser(
@@ -125,8 +137,11 @@ def add_optimisation_flags(g):
     )
     g.add_argument(
         "--lr-scheduler",
-        choices=["cosine", "step", "poly"],
-        help="decay after warm-up, stepped every iteration",
+        type=scheduler_name,
+        choices=["cosine", "step", "poly", "exponential"],
+        help="decay after warm-up, stepped every iteration (exponential: x --lr-gamma at each "
+        "epoch's start, as torchvision's stepped per epoch); torchvision's names steplr, "
+        "cosineannealinglr and exponentiallr are step, cosine and exponential",
     )
     g.add_argument("--lr-warmup-epochs", type=non_negative, help="warm-up epochs")
     g.add_argument(
@@ -142,7 +157,10 @@ def add_optimisation_flags(g):
         "--lr-step-size", type=at_least_1, default=30, help="step schedule: epochs between decays"
     )
     g.add_argument(
-        "--lr-gamma", type=non_negative, default=0.1, help="step schedule: factor per decay"
+        "--lr-gamma",
+        type=non_negative,
+        default=0.1,
+        help="step and exponential schedules: factor per decay",
     )
     g.add_argument("--lr-min", type=non_negative, default=0.0, help="cosine schedule: the final lr")
     g.add_argument(

@@ -536,6 +536,44 @@ def test_schedules_follow_their_formulas():
     assert constant == pytest.approx([0.04, 0.04, 0.4])
 
 
+def torchvision_lrs(name, epochs, warmup, step_size, gamma, lr_min):
+    """Each epoch's lr under torchvision's reference: its --lr-scheduler built as it builds it,
+    stepped once an epoch."""
+    sched = torch.optim.lr_scheduler
+    optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.4)
+    if name == "steplr":
+        main = sched.StepLR(optimizer, step_size=step_size, gamma=gamma)
+    elif name == "cosineannealinglr":
+        main = sched.CosineAnnealingLR(optimizer, T_max=epochs - warmup, eta_min=lr_min)
+    else:
+        main = sched.ExponentialLR(optimizer, gamma=gamma)
+    if warmup:
+        ramp = sched.LinearLR(optimizer, start_factor=0.01, total_iters=warmup)
+        main = sched.SequentialLR(optimizer, [ramp, main], milestones=[warmup])
+    lrs = []
+    for _ in range(epochs):
+        lrs.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        main.step()
+    return lrs
+
+
+@pytest.mark.parametrize("name", ["steplr", "cosineannealinglr", "exponentiallr"])
+@pytest.mark.parametrize("warmup", [0, 2])
+def test_torchvision_scheduler_names_give_its_lr_at_every_epoch(name, warmup):
+    epochs, steps, knobs = 10, 7, dict(step_size=3, gamma=0.8, lr_min=0.04)
+    flags = ["--epochs", "10", "--lr-warmup-epochs", str(warmup), "--lr-scheduler", name.upper()]
+    flags += ["--lr-step-size", "3", "--lr-gamma", "0.8", "--lr-min", "0.04"]
+    theirs = torchvision_lrs(name, epochs, warmup, **knobs)
+    ours = lr_at(flags, steps, [e * steps for e in range(epochs)])
+    assert ours == pytest.approx(theirs, rel=1e-12) and len(set(theirs)) > 3
+    if name != "cosineannealinglr":  # a staircase, as torchvision's: one lr all epoch long
+        last = lr_at(flags, steps, [e * steps + steps - 1 for e in range(warmup, epochs)])
+        assert last == pytest.approx(theirs[warmup:], rel=1e-12)
+    ours_named = {"steplr": "step", "cosineannealinglr": "cosine", "exponentiallr": "exponential"}
+    assert parse("--lr-scheduler", name).lr_scheduler == ours_named[name]
+
+
 # training.StepLog's view of a run of one process on the CPU, and a log that keeps nothing
 ONE_CPU_PROCESS = SimpleNamespace(
     rank=0, local_rank=0, size=1, distributed=False, main=True, device=torch.device("cpu")

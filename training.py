@@ -195,8 +195,9 @@ def make_optimizer(model, args, lr):
 def make_scheduler(optimizer, args, steps_per_epoch):
     """The lr of every step, torch's schedulers composed as torchvision's reference composes them:
     warm-up over --lr-warmup-epochs from --lr-warmup-decay x lr (a linear ramp or constant), then
-    cosine to --lr-min, step (x --lr-gamma every --lr-step-size epochs), or poly ((1 - t/T) ** 0.9).
-    """
+    cosine to --lr-min, step (x --lr-gamma every --lr-step-size epochs), exponential (x --lr-gamma
+    every epoch) or poly ((1 - t/T) ** 0.9). At each epoch's start the lr is that of torchvision's
+    schedulers stepped once an epoch."""
     sched = torch.optim.lr_scheduler
     warmup = int(args.lr_warmup_epochs * steps_per_epoch)
     length = max(1, args.epochs * steps_per_epoch - warmup)
@@ -204,6 +205,8 @@ def make_scheduler(optimizer, args, steps_per_epoch):
         main = sched.CosineAnnealingLR(optimizer, T_max=length, eta_min=args.lr_min)
     elif args.lr_scheduler == "step":
         main = sched.StepLR(optimizer, args.lr_step_size * steps_per_epoch, gamma=args.lr_gamma)
+    elif args.lr_scheduler == "exponential":  # torchvision's ExponentialLR, stepped once an epoch
+        main = sched.StepLR(optimizer, steps_per_epoch, gamma=args.lr_gamma)
     else:
         main = sched.PolynomialLR(optimizer, total_iters=length, power=0.9)
     if warmup == 0:
