@@ -8,6 +8,7 @@ its defaults (``parser.set_defaults``) around these.
 import argparse
 import math
 import os
+import sys
 
 
 def number(kind, allowed, ok):
@@ -68,7 +69,7 @@ def add_loader_flags(group):
     group.add_argument(
         "--dali-device",
         choices=["gpu", "cpu"],
-        help="where DALI runs (default: gpu if CUDA is available)",
+        help="where DALI runs (default: gpu where the model is on CUDA)",
     )
     group.add_argument(
         "--loader",
@@ -177,6 +178,23 @@ def add_optimisation_flags(g):
     g.add_argument(
         "--seed", type=int, default=0, help="seed of model init and of every random augmentation"
     )
+    g.add_argument(
+        "--device",
+        choices=["cuda", "cpu"],
+        help="where the model runs (default: cuda if available); cpu also puts DALI on the CPU",
+    )
+    g.add_argument(
+        "--use-deterministic-algorithms",
+        action="store_true",
+        help="torch's deterministic kernels only (an error where an op has none), cuDNN's "
+        "benchmark off",
+    )
+    g.add_argument(
+        "--dist-url",
+        default="env://",
+        help="torchvision's flag, taken for its default: processes always join through torchrun's "
+        "env:// rendezvous",
+    )
 
 
 def add_output_flags(g, runs_dir):
@@ -250,6 +268,17 @@ def parse(parser, argv, demo_defaults):
     if args.batch_size < 2 and not (args.evaluate or args.predict):
         parser.error(
             "--batch-size must be at least 2 for training (BatchNorm needs more than one sample)"
+        )
+    if args.device == "cpu" and args.dali_device == "gpu":
+        parser.error(
+            "--dali-device gpu puts the batches on the GPU; --device cpu needs them on the CPU"
+        )
+    if args.dist_url != "env://" and os.environ.get("RANK", "0") == "0":
+        print(
+            f"note: --dist-url {args.dist_url} is not used: the processes join through torchrun's "
+            f"rendezvous (env://)",
+            file=sys.stderr,
+            flush=True,
         )
     if args.resume == "auto" and (not args.output_dir or args.evaluate):
         parser.error(

@@ -92,8 +92,8 @@ TINY = [
 ]
 
 
-def tiny_run(root, out, *flags, check=True):
-    return run("--data", root, *TINY, "--output-dir", out, *flags, check=check)
+def tiny_run(root, out, *flags, check=True, env=CPU_ENV):
+    return run("--data", root, *TINY, "--output-dir", out, *flags, check=check, env=env)
 
 
 @pytest.fixture(scope="module")
@@ -1177,6 +1177,63 @@ def test_torchvision_flag_names_are_aliases_and_no_prefix_is_taken_for_a_flag():
         "--data", "x", "--model-e", check=False
     )  # a prefix of --model-ema*: refused, never guessed
     assert proc.returncode == 2 and "unrecognized arguments: --model-e" in proc.stderr
+
+
+def test_torchvision_device_determinism_and_dist_url_flags_parse_and_set_up(capsys):
+    flags = ["--device", "cpu", "--use-deterministic-algorithms", "--dist-url", "env://"]
+    args = train_classify.parse_args(["--data", "x", *flags])
+    assert (args.device, args.use_deterministic_algorithms, args.dist_url) == (
+        "cpu",
+        True,
+        "env://",
+    )
+    assert (parse().device, parse().use_deterministic_algorithms) == (None, False)
+    assert capsys.readouterr().err == ""
+    train_classify.parse_args(["--data", "x", "--dist-url", "tcp://10.0.0.1:23456"])
+    assert capsys.readouterr().err == (
+        "note: --dist-url tcp://10.0.0.1:23456 is not used: the processes join through "
+        "torchrun's rendezvous (env://)\n"
+    )
+    with pytest.raises(SystemExit) as e:
+        train_classify.parse_args(["--data", "x", "--device", "cpu", "--dali-device", "gpu"])
+    assert e.value.code == 2 and capsys.readouterr().err.startswith("error: --dali-device gpu")
+    # --device cpu: the model and DALI on the CPU, a GPU or not; torch's deterministic kernels
+    try:
+        world = training.setup_distributed(args)
+        assert world.device == torch.device("cpu") and args.dali_device == "cpu"
+        assert torch.are_deterministic_algorithms_enabled()
+    finally:
+        torch.use_deterministic_algorithms(False)
+
+
+def test_torchvision_device_flags_train_on_the_cpu_and_device_cuda_needs_cuda(tmp_path):
+    root, out = tiny_imagefolder(str(tmp_path / "d")), str(tmp_path / "o")
+    flags = ["--device", "cpu", "--use-deterministic-algorithms", "--dist-url", "env://"]
+    proc = tiny_run(root, out, *flags)
+    assert "model on cpu, DALI on cpu" in proc.stdout and proc.stderr.count("error") == 0
+    assert records(out, "config")[0]["args"]["use_deterministic_algorithms"] is True
+    assert [r["epoch"] for r in records(out, "epoch")] == [1]
+    assert_one_line_error(
+        tiny_run(root, str(tmp_path / "c"), "--device", "cuda", check=False),
+        "--device cuda: no CUDA device is visible; use --device cpu",
+    )
+
+
+@gpu
+def test_gpu_deterministic_runs_give_the_same_weights_and_device_cpu_leaves_the_gpu(tmp_path):
+    root, weights = tiny_imagefolder(str(tmp_path / "d")), []
+    for i in range(2):
+        out = str(tmp_path / f"o{i}")
+        flags = ["--dali-device", "gpu", "--use-deterministic-algorithms", "--epochs", "2"]
+        assert "model on cuda:0, DALI on gpu" in tiny_run(root, out, *flags, env=os.environ).stdout
+        weights.append(torch.load(os.path.join(out, "checkpoint.pth"), weights_only=True)["model"])
+    for name, tensor in weights[0].items():
+        assert torch.equal(tensor, weights[1][name]), name
+    # --device cpu with a GPU visible: DALI follows the model onto the CPU
+    at = TINY.index("--dali-device")
+    flags = [*TINY[:at], *TINY[at + 2 :], "--device", "cpu", "--output-dir", str(tmp_path / "c")]
+    cpu = run("--data", root, *flags, env=os.environ)
+    assert "model on cpu, DALI on cpu" in cpu.stdout
 
 
 def test_bare_amp_is_the_devices_default_and_every_record_has_a_time(tmp_path):

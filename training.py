@@ -55,7 +55,14 @@ def setup_distributed(args):
     env = {
         k: int(os.environ.get(k, d)) for k, d in (("RANK", 0), ("LOCAL_RANK", 0), ("WORLD_SIZE", 1))
     }
-    cuda = torch.cuda.is_available()
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise UsageError("--device cuda: no CUDA device is visible; use --device cpu")
+    cuda = args.device != "cpu" and torch.cuda.is_available()
+    if args.use_deterministic_algorithms:
+        # torchvision's switch; cuBLAS is deterministic with a fixed workspace, set before its
+        # first use
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True)
     world = SimpleNamespace(
         rank=env["RANK"],
         local_rank=env["LOCAL_RANK"],
@@ -72,9 +79,8 @@ def setup_distributed(args):
                 f"--nproc_per_node), or hide them (CUDA_VISIBLE_DEVICES=) to train on the CPU"
             )
         torch.cuda.set_device(world.device)
-        torch.backends.cudnn.benchmark = (
-            True  # fixed input sizes: cuDNN picks its fastest kernels once
-        )
+        # fixed input sizes: cuDNN picks its fastest kernels once (they may differ run to run)
+        torch.backends.cudnn.benchmark = not args.use_deterministic_algorithms
         # Training kernels get the higher stream priority, so DALI's kernels, on DALI's own
         # streams, fill the gaps.
         torch.cuda.set_stream(torch.cuda.Stream(world.device, priority=-1))
