@@ -84,8 +84,8 @@ def add_model_flags(group, weights_example):
     group.add_argument(
         "--weights",
         help=f"start from these weights: a torchvision weights name ({weights_example}) or a file "
-        "(a state dict or a checkpoint of this script); tensors of another shape (a head for other "
-        "classes) start anew",
+        "(a state dict, a checkpoint of this script, Lightning's or timm's); tensors of another "
+        "shape (a head for other classes) start anew",
     )
     group.add_argument(
         "--sync-bn",

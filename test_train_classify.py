@@ -3,6 +3,7 @@ demo learns; resume and --evaluate pick up exactly where the run was; the recipe
 reference does; bad input gives one clear line and loses nothing. Where there is a GPU, the demo also learns on
 it."""
 
+import argparse
 import fcntl
 import json
 import math
@@ -1280,6 +1281,45 @@ def test_weights_from_a_file_load_every_tensor_that_fits_and_a_new_head(tmp_path
     # one of our checkpoints is a file of weights too: every tensor fits
     again = tiny_run(root, str(tmp_path / "o2"), "--weights", os.path.join(out, "checkpoint.pth"))
     assert f"{n} of the model's {n} tensors loaded" in again.stdout
+
+
+def test_weights_in_lightnings_and_timms_layouts_load_every_tensor(tmp_path):
+    torch.manual_seed(1)
+    source = torchvision.models.resnet18(num_classes=2).state_dict()
+    n = len(source)
+
+    def prefixed(prefix, state=source):
+        return {prefix + k: v for k, v in state.items()}
+
+    timm_args = argparse.Namespace(model="resnet18", lr=0.1)  # timm saves its flags so
+    layouts = {
+        "lightning": {"state_dict": prefixed("model."), "epoch": 3, "global_step": 9},
+        "timm_plain": dict(source),
+        "timm_ddp": {"state_dict": prefixed("module."), "args": timm_args, "epoch": 3},
+        "timm_model": {"model": prefixed("module."), "epoch": 3},
+        "timm_ema": {"state_dict_ema": dict(source), "version": 2},
+    }
+    for layout, contents in layouts.items():
+        path = str(tmp_path / f"{layout}.pth")
+        torch.save(contents, path)
+        args = SimpleNamespace(weights=path, arch="resnet18")
+        torch.manual_seed(2)
+        model = torchvision.models.resnet18(num_classes=2)
+        line = training.load_weights(model, args)
+        assert f"{n} of the model's {n} tensors loaded" in line, layout
+        for key, tensor in model.state_dict().items():
+            assert torch.equal(tensor, source[key]), (layout, key)
+        # --predict --weights FILE: the same layouts, every tensor
+        model = torchvision.models.resnet18(num_classes=2)
+        ckpt = training.checkpoint_to_predict(SimpleNamespace(resume="", weights=path), ())
+        training.load_to_predict(model, ckpt, args, ONE_CPU_PROCESS)
+        assert all(torch.equal(t, source[k]) for k, t in model.state_dict().items()), layout
+    # another model's weights in those layouts fit no tensor: still refused
+    other = prefixed("model.", torchvision.models.alexnet().state_dict())
+    torch.save({"state_dict": other}, tmp_path / "alexnet.ckpt")
+    args = SimpleNamespace(weights=str(tmp_path / "alexnet.ckpt"), arch="resnet18")
+    with pytest.raises(training.UsageError, match="none of its tensors fits the model of --arch"):
+        training.load_weights(torchvision.models.resnet18(num_classes=2), args)
 
 
 def test_bad_weights_are_one_error_line(tmp_path):

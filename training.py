@@ -13,6 +13,7 @@ to stop at (StepLog.after_step); that step's checkpoint is saved (Checkpoints.sa
 exits with 128 + the signal (StopSignals.exit).
 """
 
+import argparse
 import contextlib
 import datetime
 import fcntl
@@ -276,13 +277,13 @@ def prepare_model(model, args, world, steps_per_epoch, log):
 
 
 def load_weights(model, args):
-    """--weights: a torchvision weights name or a file (a state dict or one of our checkpoints) into
-    ``model``; tensors of another shape than the model's (a head for other classes) keep their fresh
-    initialization."""
+    """--weights: a torchvision weights name or a file (a state dict, one of our checkpoints, or
+    Lightning's or timm's layout) into ``model``; tensors of another shape than the model's (a head
+    for other classes) keep their fresh initialization."""
     name = args.weights
     try:
         if os.path.isfile(name):
-            state = torch.load(name, map_location="cpu", weights_only=True)
+            state = read_weights(name)
         else:
             state = torchvision.models.get_weight(name).get_state_dict(progress=False)
     except Exception as e:
@@ -291,10 +292,8 @@ def load_weights(model, args):
             f"--weights {name}: neither a weights file nor a torchvision weights name such as "
             f"ResNet50_Weights.IMAGENET1K_V2 ({why})"
         ) from None
-    state, own = state.get("model", state), model.state_dict()  # a checkpoint's model, or itself
-    if not state.keys() & own.keys():  # torchvision's keys for a model inside a wrapper
-        state = {f"model.{k}": v for k, v in state.items()}
-    fits = {k: v for k, v in state.items() if k in own and v.shape == own[k].shape}
+    own = model.state_dict()
+    fits = {k: v for k, v in named_as(state, own).items() if fits_in(own, k, v)}
     if not fits:
         raise UsageError(
             f"--weights {name}: none of its tensors fits the model of --arch {args.arch}"
@@ -304,6 +303,37 @@ def load_weights(model, args):
         f"--weights {name}: {len(fits)} of the model's {len(own)} tensors loaded, the others newly "
         f"initialized"
     )
+
+
+# Where a file keeps its model's weights: our checkpoints' and timm's "model", Lightning's and
+# timm's "state_dict", timm's EMA weights alone "state_dict_ema"; else the file is the state dict.
+WEIGHTS_KEYS = ("model", "state_dict", "state_dict_ema")
+# What others put before the model's own keys: DDP's "module." (timm), a LightningModule's
+# attribute "model.", torch.compile's "_orig_mod.".
+KEY_PREFIXES = ("module.", "model.", "_orig_mod.")
+
+
+def read_weights(path):
+    """A file of weights, loaded as plain data only; timm's checkpoints hold its flags as an
+    argparse.Namespace, which is plain data too."""
+    with torch.serialization.safe_globals([argparse.Namespace]):
+        return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def fits_in(own, key, value):
+    return key in own and getattr(value, "shape", None) == own[key].shape
+
+
+def named_as(state, own):
+    """``state``, a file's weights, named as ``own``, the model's state dict, names them: as they
+    are, a known prefix taken off, or (torchvision's keys for a model inside a wrapper) "model."
+    put on; whichever way the most tensors fit."""
+    if not isinstance(state, dict):
+        return {}
+    state = next((state[k] for k in WEIGHTS_KEYS if isinstance(state.get(k), dict)), state)
+    ways = [state, {f"model.{k}": v for k, v in state.items()}]
+    ways += [{k.removeprefix(p): v for k, v in state.items()} for p in KEY_PREFIXES]
+    return max(ways, key=lambda way: sum(fits_in(own, k, v) for k, v in way.items()))
 
 
 # ------------------------------------------------------------------------------------------
@@ -720,7 +750,7 @@ def checkpoint_to_predict(args, as_trained):
     if args.resume:
         return checkpoint_to_resume(args, as_trained)
     try:
-        ckpt = torch.load(args.weights, map_location="cpu", weights_only=True)
+        ckpt = read_weights(args.weights)
     except Exception as e:
         why = (str(e).strip() or type(e).__name__).splitlines()[-1][:200]
         raise UsageError(
@@ -735,9 +765,7 @@ def checkpoint_to_predict(args, as_trained):
 def load_to_predict(model, ckpt, args, world):
     """``model`` with ``ckpt``'s weights, every tensor (a head left random would predict
     nonsense), on this process's device, in eval mode."""
-    state, own = ckpt["model"], model.state_dict()
-    if not state.keys() & own.keys():  # torchvision's keys for a model inside a wrapper
-        state = {f"model.{k}": v for k, v in state.items()}
+    state = named_as(ckpt["model"], model.state_dict())
     try:
         model.load_state_dict(state)
     except RuntimeError as e:
