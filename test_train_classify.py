@@ -1237,6 +1237,37 @@ def test_gpu_deterministic_runs_give_the_same_weights_and_device_cpu_leaves_the_
     assert "model on cpu, DALI on cpu" in cpu.stdout
 
 
+# torchvision's ResNet-50 recipe (IMAGENET1K_V2) as torchvision writes it, less the flags of
+# its own features: --auto-augment ta_wide --ra-sampler --ra-reps 4
+TORCHVISION_RESNET50 = """--data-path /data/imagenet --model resnet50 --batch-size 128 --lr 0.5
+--lr-scheduler cosineannealinglr --lr-warmup-epochs 5 --lr-warmup-method linear --epochs 600
+--random-erase 0.1 --weight-decay 0.00002 --norm-weight-decay 0.0 --label-smoothing 0.1
+--mixup-alpha 0.2 --cutmix-alpha 1.0 --train-crop-size 176 --model-ema --val-resize-size 232
+--device cuda --dist-url env:// --amp --output-dir /out"""
+
+
+def test_torchvision_resnet50_recipe_parses_as_torchvision_writes_it():
+    args = train_classify.parse_args(TORCHVISION_RESNET50.split())
+    assert (args.arch, args.batch_size, args.lr_scheduler, args.lr_warmup_epochs) == (
+        "resnet50",
+        128,
+        "cosine",
+        5,
+    )
+    assert (args.wd, args.norm_weight_decay, args.train_crop_size, args.model_ema) == (
+        2e-5,
+        0.0,
+        176,
+        True,
+    )
+    assert (args.device, args.val_resize_size, args.epochs, args.amp) == (
+        "cuda",
+        232,
+        600,
+        "default",
+    )
+
+
 def test_bare_amp_is_the_devices_default_and_every_record_has_a_time(tmp_path):
     root, out = tiny_imagefolder(str(tmp_path / "d")), str(tmp_path / "o")
     before = time.time()
