@@ -146,14 +146,14 @@ class _ClassifyPipeline(Pipeline):
         self.num_shards = num_shards
         self.output_layout = choice("output_layout", output_layout, {"CHW": "CHW", "HWC": "HWC"})
         dtype = choice("dtype", dtype, {"float32": types.FLOAT, "float16": types.FLOAT16})
-        self.normalize = ops.CropMirrorNormalize(
+        self.normalize_args = dict(
             device=self.device,
             dtype=dtype,
             output_layout=output_layout,
-            crop=(crop_size, crop_size),
             mean=list(IMAGENET_MEAN),
             std=list(IMAGENET_STD),
         )
+        self.normalize = ops.CropMirrorNormalize(crop=(crop_size, crop_size), **self.normalize_args)
 
     def build_decoder_args(
         self, device_id, hw_decoder_load, device_memory_padding, host_memory_padding, decoder_cache
@@ -200,6 +200,11 @@ class ClassifyTrainPipeline(_ClassifyPipeline):
     uncached), ``prefetch_queue_depth``, ``ra_reps`` and ``ra_seed`` (torchvision's repeated
     augmentation, ``data_sources.RepeatedAugmentation``; 0: off); the rest goes to DALI's
     ``Pipeline`` (``enable_checkpointing``, ``checkpoint``, ``exec_dynamic``, ...).
+
+    ``crop_sizes`` (progressive resizing): a function from an epoch's index (0 for the pipeline's
+    first; a pipeline restored from a checkpoint counts on from the checkpointed run's) to that
+    epoch's crop size, at most ``crop_size``. The one pipeline then hands out batches of each
+    epoch's size, its decoder cache kept.
     """
 
     last_batch_policy = LastBatchPolicy.FILL  # see classify_iterator
@@ -217,6 +222,7 @@ class ClassifyTrainPipeline(_ClassifyPipeline):
         random_aspect_ratio=RANDOM_ASPECT_RATIO,
         auto_augment=None,
         random_erase=0.0,
+        crop_sizes=None,
         **kwargs,
     ):
         # DALI's GPU Erase has no float16 kernel: erase the float32 image, then cast it.
@@ -260,6 +266,9 @@ class ClassifyTrainPipeline(_ClassifyPipeline):
                 device=self.decoder_device, output_type=types.RGB, **crop, **self.decoder_args
             )
             self.resize = antialiased_resize(device_id, num_threads, size)
+        self.crop_sizes = crop_sizes
+        if crop_sizes is not None:
+            self.build_progressive(device_id, num_threads)
         self.flip = ops.random.CoinFlip(probability=0.5)
         self.augment = lambda images, mirror: (images, mirror)
         if auto_augment is not None:
@@ -274,6 +283,8 @@ class ClassifyTrainPipeline(_ClassifyPipeline):
         jpegs, labels = self.read()
         images = self.decode(jpegs)
         images = self.resize(images)
+        if self.crop_sizes is not None:
+            images = self.resize_to_epoch(images, self.crop_size_source())
         images, mirror = self.augment(images, self.flip())
         images = self.normalize(images, mirror=mirror)
         images = self.erase(images)
@@ -303,6 +314,29 @@ class ClassifyTrainPipeline(_ClassifyPipeline):
     def flip_and_auto_augment(self, images, mirror):
         images = self.to_hwc(self.flip_op(images, horizontal=mirror))
         return self.policy(self.crop_size, images), 0
+
+    def build_progressive(self, device_id, num_threads):
+        # The size comes into the graph as an input read every batch, not as an operator's fixed
+        # argument: the one pipeline (and its decoder cache) serves every epoch. DALI's checkpoint
+        # holds the batch count that this callback is given, so a resumed pipeline goes on with
+        # the sizes of the epoch it stopped in.
+        shard = math.ceil(self.num_samples / self.num_shards)
+        self.epoch_batches = math.ceil(shard / self.max_batch_size)  # whole batches, see repeats
+        if self.read.ra:  # repeated augmentation's epochs are its own number of batches
+            self.epoch_batches = self.read.ra.steps
+        self.crop_size_source = ops.ExternalSource(
+            source=self.batch_crop_sizes, batch=True, batch_info=True
+        )
+        self.resize_to_epoch = antialiased_resize(device_id, num_threads, None)
+        if not self.cached:  # the decoded crop is resized once, to the epoch's size
+            self.resize = unchanged
+        # DALI's RandomResizedCrop takes one fixed size: its crop of a cached image is resized
+        # again, from crop_size down to the epoch's.
+        self.normalize = ops.CropMirrorNormalize(**self.normalize_args)  # nothing left to crop
+
+    def batch_crop_sizes(self, info):
+        side = self.crop_sizes(info.iteration // self.epoch_batches)
+        return np.full((self.max_batch_size, 2), side, np.float32)
 
     def build_erase(self, probability, cast_after_erase):
         self.erase = self.erase_random_box
@@ -1091,14 +1125,20 @@ def torch_threads(num_threads):
 def antialiased_resize(device_id, num_threads, size):
     """An operator that resizes to ``size`` (height, width) with an antialiased triangle filter:
     DALI's on a GPU; on the CPU torch's (``resize_with_torch``), the same filter and faster than
-    DALI's CPU one (results/README.md)."""
+    DALI's CPU one (results/README.md). ``size`` None: a function ``(images, sizes)`` resizing each
+    image to its sample of ``sizes``, (height, width) float32 on the CPU."""
     if device_id is None:
-        resize = functools.partial(
-            resize_with_torch, torch_threads(num_threads), num_threads, size, True
-        )
+        pool = torch_threads(num_threads)
+
+        def resize(images, sizes=None):
+            return resize_with_torch(pool, num_threads, size, True, images, sizes=sizes)
+
         return ops.PythonFunction(
             function=resize, num_outputs=1, batch_processing=True, output_layouts="CHW"
         )
+    if size is None:
+        resize = ops.Resize(device="gpu", interp_type=types.INTERP_TRIANGULAR, antialias=True)
+        return lambda images, sizes: resize(images, size=sizes)
     return ops.Resize(
         device="gpu",
         resize_x=size[1],

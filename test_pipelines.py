@@ -383,6 +383,48 @@ def test_checkpoint_resumes_mid_epoch_with_the_same_batches(split_root, fmt, aut
     assert len(resumed) == len(expected)
 
 
+@pytest.mark.parametrize(
+    "device_id,cache",
+    [
+        pytest.param(None, None, id="cpu"),
+        pytest.param(0, None, marks=gpu, id="gpu"),
+        pytest.param(0, 64, marks=gpu, id="gpu-decoder-cache"),
+    ],
+)
+def test_crop_sizes_change_per_epoch_and_resume_mid_epoch(solid_folder, device_id, cache):
+    def loader(**kwargs):
+        pipe = ClassifyTrainPipeline(
+            4,
+            1,
+            device_id,
+            str(solid_folder),
+            crop_size=32,
+            crop_sizes=lambda epoch: (16, 24, 32)[min(epoch, 2)],
+            seed=3,
+            decoder_cache=cache,
+            enable_checkpointing=True,
+            **kwargs,
+        )
+        return classify_iterator(pipe)
+
+    def epochs(it, n):
+        return [[(b[0]["data"].cpu(), b[0]["label"].cpu()) for b in it] for _ in range(n)]
+
+    it = loader()
+    (first,) = epochs(it, 1)
+    next(it), next(it)
+    checkpoint = it.checkpoints()[0]  # two batches into the second epoch
+    expected = epochs(it, 2)
+    # 21 samples in batches of 4: 6 a epoch; each epoch's own size, every image still its colour
+    sizes = [{tuple(x.shape) for x, _ in e} for e in (first, *expected)]
+    assert sizes == [{(4, 3, 16, 16)}, {(4, 3, 24, 24)}, {(4, 3, 32, 32)}]
+    assert [len(e) for e in expected] == [4, 6]
+    for x, y in first + expected[0]:
+        assert [sorted(CLASSES).index(CLASSES[c]) for c, _ in identities(x)] == y.flatten().tolist()
+    resumed = epochs(loader(checkpoint=checkpoint), 2)
+    assert same_batches(sum(expected, []), sum(resumed, []))
+
+
 # ------------------------------------------------------------------------------------------
 # classification: auto-augment
 # ------------------------------------------------------------------------------------------
