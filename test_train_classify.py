@@ -298,14 +298,16 @@ def final_weights(out):
     return torch.load(os.path.join(out, "checkpoint.pth"), weights_only=True)["model"]
 
 
-def kill_after_mid_epoch_checkpoint(cmd, out):
-    """Start ``cmd``, SIGKILL it as soon as it has saved a mid-epoch checkpoint; returns that record."""
+def kill_after_mid_epoch_checkpoint(cmd, out, epoch=1):
+    """Start ``cmd``, SIGKILL it as soon as it has saved a mid-epoch checkpoint in ``epoch``; returns that record."""
     proc = subprocess.Popen(
         cmd, cwd=HERE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=CPU_ENV
     )
     deadline = time.time() + 300
     while True:
-        saved = os.path.exists(os.path.join(out, "metrics.jsonl")) and records(out, "checkpoint")
+        saved = os.path.exists(os.path.join(out, "metrics.jsonl")) and [
+            r for r in records(out, "checkpoint") if r["epoch"] == epoch
+        ]
         if saved:
             proc.send_signal(signal.SIGKILL)
             proc.wait()
@@ -315,15 +317,15 @@ def kill_after_mid_epoch_checkpoint(cmd, out):
         time.sleep(0.01)
 
 
-def assert_resume_is_exact(script, data_flags, tmp_path):
-    """An uninterrupted run and a run killed mid-epoch then resumed end with the same weights."""
+def assert_resume_is_exact(script, data_flags, tmp_path, epoch=1):
+    """An uninterrupted run and a run killed mid-``epoch`` then resumed end with the same weights."""
     whole, broken = str(tmp_path / "whole"), str(tmp_path / "broken")
     run(*data_flags, "--output-dir", whole, script=script)
     saved = kill_after_mid_epoch_checkpoint(
-        [sys.executable, script, *data_flags, "--output-dir", broken], broken
+        [sys.executable, script, *data_flags, "--output-dir", broken], broken, epoch
     )
     ckpt = torch.load(os.path.join(broken, "checkpoint.pth"), weights_only=True)
-    assert 0 < ckpt["step"] < records(whole, "train")[0]["steps"] and saved["epoch"] == 1
+    assert 0 < ckpt["step"] < records(whole, "train")[0]["steps"] and saved["epoch"] == epoch
     run(*data_flags, "--resume", os.path.join(broken, "checkpoint.pth"), script=script)
     (resumed,) = records(broken, "resume")
     assert (resumed["epoch"], resumed["step"]) == (ckpt["epoch"], ckpt["step"])
@@ -332,10 +334,10 @@ def assert_resume_is_exact(script, data_flags, tmp_path):
     assert max((a[k].double() - b[k].double()).abs().max().item() for k in a) <= 1e-6
     # the losses logged after the resume are the uninterrupted run's
     after = [
-        (r["epoch"], r["step"], r["loss"]) for r in records(broken, "train") if r["epoch"] == 2
+        (r["epoch"], r["step"], r["loss"]) for r in records(broken, "train") if r["epoch"] > epoch
     ]
     assert after == [
-        (r["epoch"], r["step"], r["loss"]) for r in records(whole, "train") if r["epoch"] == 2
+        (r["epoch"], r["step"], r["loss"]) for r in records(whole, "train") if r["epoch"] > epoch
     ]
     # metrics.jsonl holds each step once, as the uninterrupted run logged it, and each epoch's loss over all its steps
     logged = [(r["epoch"], r["step"], r["global_step"]) for r in records(broken, "train")]
@@ -361,6 +363,63 @@ def test_mid_epoch_resume_gives_the_uninterrupted_weights(tmp_path):
         "0.5",
     ]
     assert_resume_is_exact(SCRIPT, flags, tmp_path)
+
+
+PROGRESSIVE = ["--progressive-resize", "32", "1", "3", "--train-crop-size", "96"]
+
+
+def test_progressive_resize_grows_the_training_crop_each_epoch(tmp_path):
+    root = tiny_imagefolder(str(tmp_path / "d"), size=(100, 100))
+    out = str(tmp_path / "o")
+    tiny_run(root, out, *PROGRESSIVE, "--epochs", "4")
+    # FFCV's ramp: 32 at epoch 1, 64 half way, 96 from epoch 3
+    assert [e["train_crop_size"] for e in records(out, "epoch")] == [32, 64, 96, 96]
+    # the pipelines the trainer builds: batches of each epoch's size, validation's always 32
+    args = train_classify.parse_args(["--data", root, *TINY, *PROGRESSIVE])
+    world = SimpleNamespace(local_rank=0, rank=0, size=1)
+    train, val, _ = train_classify.make_pipelines(args, world, None)
+    train_it, val_it = (train_classify.classify_iterator(p) for p in (train, val))
+    for size in (32, 64, 96, 96):
+        assert {b[0]["data"].shape[2:] for b in train_it} == {(size, size)}
+        assert {b[0]["data"].shape[2:] for b in val_it} == {(32, 32)}
+
+
+def test_progressive_resize_resumes_mid_epoch_at_its_size(tmp_path):
+    """Killed in epoch 2 (64 pixels), resumed there, then on into epoch 3 (96)."""
+    root = tiny_imagefolder(str(tmp_path / "d"), per_class=12, size=(100, 100))
+    flags = ["--data", root, *TINY, *PROGRESSIVE, "--epochs", "3", "--checkpoint-every", "2"]
+    assert_resume_is_exact(SCRIPT, flags, tmp_path, epoch=2)
+    sizes = [e["train_crop_size"] for e in records(str(tmp_path / "broken"), "epoch")]
+    assert sizes == [32, 64, 96]
+
+
+@pytest.mark.parametrize(
+    "values,needle",
+    [
+        (["0", "1", "3"], "at least 1"),
+        (["32", "3", "1"], "START_EPOCH 3 is after END_EPOCH 1"),
+        (["128", "1", "3"], "MIN_RES 128 is above --train-crop-size 96"),
+    ],
+)
+def test_error_bad_progressive_resize(tmp_path, values, needle):
+    proc = tiny_run(
+        tiny_imagefolder(str(tmp_path / "d")),
+        str(tmp_path / "o"),
+        "--train-crop-size",
+        "96",
+        "--progressive-resize",
+        *values,
+        check=False,
+    )
+    assert_one_line_error(proc, "--progressive-resize", needle)
+
+
+def test_resume_turning_progressive_resize_on_is_refused(tmp_path):
+    root, out = tiny_imagefolder(str(tmp_path / "d")), str(tmp_path / "o")
+    tiny_run(root, out)
+    path = os.path.join(out, "checkpoint.pth")
+    proc = tiny_run(root, out, *PROGRESSIVE, "--epochs", "2", "--resume", path, check=False)
+    assert_one_line_error(proc, f"--resume {path}: its run had no --progressive-resize")
 
 
 def test_resume_with_another_batch_size_is_refused(demo_run):

@@ -83,6 +83,14 @@ def get_args_parser():
         "the crop and flip (in DALI; default: none)",
     )
     g.add_argument(
+        "--progressive-resize",
+        type=size,
+        nargs=3,
+        metavar=("MIN_RES", "START_EPOCH", "END_EPOCH"),
+        help="FFCV's progressive resizing: the training crop grows linearly from MIN_RES at "
+        "START_EPOCH to --train-crop-size at END_EPOCH, in steps of 32 (validation keeps its size)",
+    )
+    g.add_argument(
         "--random-erase",
         type=flags.probability,
         default=0.0,
@@ -143,6 +151,15 @@ def parse_args(argv=None):
         args.given += ["train_crop_size", "val_crop_size"]
     if "ra_reps" in args.given and not args.ra_sampler:
         parser.error(f"--ra-reps {args.ra_reps}: needs --ra-sampler, whose copies it counts")
+    if args.progressive_resize:
+        low, start, end = args.progressive_resize
+        if start > end:
+            parser.error(f"--progressive-resize: START_EPOCH {start} is after END_EPOCH {end}")
+        if low > args.train_crop_size:
+            parser.error(
+                f"--progressive-resize: MIN_RES {low} is above --train-crop-size "
+                f"{args.train_crop_size}, the size it grows to"
+            )
     if args.val_resize_size < args.val_crop_size:
         parser.error(
             f"--val-resize-size {args.val_resize_size} is below --val-crop-size "
@@ -163,6 +180,20 @@ import training
 from data_sources import atomic_open, data_digest, decode_errors_named, isdir, plan_decoder_cache
 from pipelines import ClassifyTrainPipeline, ClassifyValPipeline, classify_iterator
 from training import UsageError
+
+
+def train_crop_size(args, epoch):
+    """The training crop's size in ``epoch`` (1 for the first): --train-crop-size, or with
+    --progressive-resize FFCV's ramp, rounded to a multiple of 32 between its ends."""
+    if not args.progressive_resize:
+        return args.train_crop_size
+    low, start, end = args.progressive_resize
+    if epoch <= start:
+        return low
+    if epoch >= end:
+        return args.train_crop_size
+    size = low + (args.train_crop_size - low) * (epoch - start) / (end - start)
+    return min(max(int(round(size / 32)) * 32, low), args.train_crop_size)
 
 
 def make_model(args, num_classes):
@@ -302,6 +333,8 @@ def main(args):
         first_step, loss_sum = 0, 0.0
         training.sync_buffers(model_without_ddp, model_ema)
         metrics, line = validate(state, loaders, args, world.device, step_log)
+        if args.progressive_resize:
+            metrics["train_crop_size"] = train_crop_size(args, epoch)
         path = checkpoints.save(epoch, loaders.steps, score=metrics["val_top1"])
         log.epoch_end(epoch, loaders.steps, train_loss, metrics, line, time.perf_counter() - start)
         if signum := stop.agree()[0]:
@@ -403,12 +436,18 @@ def make_pipelines(args, world, dali_state, cache=None):
         output_layout="HWC" if args.channels_last else "CHW",  # HWC is channels_last: no transpose
         decoder_cache=cache,
     )
+
     # Checkpointing the train pipeline (reader position, random states) costs nothing until asked.
+    # With --progressive-resize it asks each epoch's crop size by the epoch's index, 0 for epoch 1.
+    def epoch_size(index):
+        return train_crop_size(args, index + 1)
+
     train = ClassifyTrainPipeline(
         args.batch_size,
         data_dir=os.path.join(args.data, "train"),
         crop_size=args.train_crop_size,
         auto_augment=args.auto_augment,
+        crop_sizes=epoch_size if args.progressive_resize else None,
         random_erase=args.random_erase,
         ra_reps=args.ra_reps if args.ra_sampler else 0,
         ra_seed=args.seed,  # one order for every process
