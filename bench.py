@@ -222,6 +222,12 @@ def parse_args(argv=None):
         "(and the end-to-end rows they feed); skips the decoder and segmentation sections",
     )
     p.add_argument(
+        "--auto-augment",
+        choices=["ta_wide", "ra", "imagenet"],
+        help="also the mixed-decode (uncached and cached), CPU-only DALI and DataLoader loaders "
+        "with this policy after the crop and flip (DALI's auto_aug; torchvision's transform)",
+    )
+    p.add_argument(
         "--hw-decoder-load",
         metavar="F",
         type=float,
@@ -725,11 +731,25 @@ def dataloader(dataset, batch_size, args):
     )
 
 
-def torchvision_classify(args):
+# --auto-augment's policies, as torchvision's classification reference builds them
+TORCHVISION_AUTO_AUGMENT = {
+    "ta_wide": T.TrivialAugmentWide,
+    "ra": T.RandAugment,
+    "imagenet": partial(T.AutoAugment, T.AutoAugmentPolicy.IMAGENET),
+}
+
+
+def torchvision_classify(args, auto_augment=None):
+    policy = (
+        [TORCHVISION_AUTO_AUGMENT[auto_augment](interpolation=T.InterpolationMode.BILINEAR)]
+        if auto_augment
+        else []
+    )
     transform = T.Compose(
         [
             T.RandomResizedCrop(CROP),
             T.RandomHorizontalFlip(),
+            *policy,
             T.ToTensor(),
             T.Normalize([m / 255 for m in IMAGENET_MEAN], [s / 255 for s in IMAGENET_STD]),
         ]
@@ -1410,6 +1430,13 @@ def main():
         ("dali-cpu", partial(dali_classify, device_id=None)),
         ("dataloader", torchvision_classify),
     ]
+    if args.auto_augment:  # each loader of these with the policy too, beside it without
+        policy = dict(auto_augment=args.auto_augment)
+        loaders += [
+            (f"{name}-{args.auto_augment}", partial(make, **policy))
+            for name, make in loaders
+            if name in ("dali-mixed-hwc", "dali-mixed-cached", "dali-cpu", "dataloader")
+        ]
     if args.only:
         loaders = [
             (name, make)

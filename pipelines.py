@@ -981,10 +981,11 @@ NOISE_CHUNK = 1 << 16
 
 
 # --auto-augment: torchvision's policies with DALI's operators, drawing with DALI's random operators
-# (seeded from the pipeline's seed, restored by its checkpoints). As torchvision: nearest-neighbour
-# warps filled with black, and RandAugment's 2 operations at magnitude 9 of 31 shifting by up to
-# 150/331 of the crop. TrivialAugmentWide's translation is DALI's default, torchvision's 32 pixels.
-TORCHVISION_WARP = dict(fill_value=0, interp_type=types.INTERP_NN)
+# (seeded from the pipeline's seed, restored by its checkpoints). As torchvision's classification
+# reference: bilinear warps (its --interpolation) filled with black, and RandAugment's 2 operations
+# at magnitude 9 of 31 shifting by up to 150/331 of the crop. TrivialAugmentWide's translation is
+# DALI's default, torchvision's 32 pixels.
+TORCHVISION_WARP = dict(fill_value=0, interp_type=types.INTERP_LINEAR)
 
 
 def trivial_augment_wide(crop_size, images):

@@ -119,3 +119,23 @@ def test_given_data_and_cache_reuse(quick_run, tmp_path):
         assert len(report["sweep"]) == len(SWEEP_THREADS) * len(SWEEP_HW_DECODER_LOADS) + len(
             SWEEP_OPTIONS
         )
+
+
+def test_auto_augment_adds_each_loader_with_the_policy(quick_run, tmp_path):
+    _, _, cache = quick_run
+    bench(
+        "--cache-dir",
+        str(cache),
+        "--json",
+        str(tmp_path / "aa.json"),
+        "--only",
+        "dataloader",
+        "--auto-augment",
+        "ta_wide",
+        "--iters",
+        "2",
+    )
+    with open(tmp_path / "aa.json") as f:
+        rows = json.load(f)["classification"]
+    assert [row["loader"] for row in rows] == ["dataloader", "dataloader-ta_wide"]
+    assert all(row["img_per_s"] > 0 for row in rows)
