@@ -48,6 +48,7 @@ import struct
 import sys
 import tarfile
 from concurrent.futures import ProcessPoolExecutor
+from types import SimpleNamespace
 
 import google_crc32c
 from PIL import Image
@@ -348,9 +349,11 @@ def make_shards(
     manifest, shards = plan_shards(src, settings)
     digests = {s: contents(*shards[s]) for s in shards}
     write = functools.partial(write_shard, fmt=fmt, max_size=max_size, quality=quality)
-    # fork: workers start at once, without importing torch and DALI again (DALI runs on Linux only)
+    # One worker writes in this process. More are forked: they start at once, without importing
+    # torch and DALI again (DALI runs on Linux only).
     fork = multiprocessing.get_context("fork")
-    with lock_dst(dst), ProcessPoolExecutor(workers, mp_context=fork) as pool:
+    pool = ProcessPoolExecutor(workers, mp_context=fork) if workers > 1 else None
+    with lock_dst(dst), pool or contextlib.nullcontext(SimpleNamespace(map=map)) as pool:
         keep = claim_dst(dst, fmt, settings, digests, overwrite)
         for split in SPLITS:
             folder = os.path.join(dst, split)
