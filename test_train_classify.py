@@ -1302,7 +1302,8 @@ TORCHVISION_RESNET50 = """--data-path /data/imagenet --model resnet50 --batch-si
 --lr-scheduler cosineannealinglr --lr-warmup-epochs 5 --lr-warmup-method linear --epochs 600
 --random-erase 0.1 --weight-decay 0.00002 --norm-weight-decay 0.0 --label-smoothing 0.1
 --mixup-alpha 0.2 --cutmix-alpha 1.0 --train-crop-size 176 --model-ema --val-resize-size 232
---device cuda --dist-url env:// --amp --output-dir /out"""
+--device cuda --dist-url env:// --amp --output-dir /out --auto-augment ta_wide --ra-sampler
+--ra-reps 4"""
 
 
 def test_torchvision_resnet50_recipe_parses_as_torchvision_writes_it():
@@ -1325,6 +1326,7 @@ def test_torchvision_resnet50_recipe_parses_as_torchvision_writes_it():
         600,
         "default",
     )
+    assert (args.auto_augment, args.ra_sampler, args.ra_reps) == ("ta_wide", True, 4)
 
 
 def test_bare_amp_is_the_devices_default_and_every_record_has_a_time(tmp_path):
