@@ -174,3 +174,18 @@ def seg_pipe(imgs, lbls, batch_size, mode, device_id=None, **kwargs):
     return fetch_dali_loader(
         imgs, lbls, batch_size=batch_size, mode=mode, device_id=device_id, **kwargs
     )
+
+
+# Deletes the file named by argv[1] as the first checkpoint is saved: at the end of epoch 1.
+DELETE_AT_FIRST_SAVE = """
+import os, runpy, sys, torch
+gone, sys.argv = sys.argv[1], sys.argv[2:]
+sys.path.insert(0, os.path.dirname(sys.argv[0]))
+save = torch.save
+def save_then_delete(*args, **kwargs):
+    save(*args, **kwargs)
+    if os.path.exists(gone):
+        os.remove(gone)
+torch.save = save_then_delete
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""

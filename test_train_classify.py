@@ -23,6 +23,7 @@ from PIL import Image
 
 import train_classify
 import training
+from conftest import DELETE_AT_FIRST_SAVE
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SCRIPT = os.path.join(HERE, "train_classify.py")
@@ -1044,21 +1045,6 @@ def test_error_undecodable_val_image_stops_in_the_first_steps(tmp_path):
     assert_one_line_error(tiny_run(root, out, check=False), bad, "cannot decode")
     assert [r["step"] for r in records(out, "train")] == [1, 2] and records(out, "epoch") == []
     assert not os.path.exists(os.path.join(out, "checkpoint.pth"))
-
-
-# Deletes the file named by argv[1] as the first checkpoint is saved: at the end of epoch 1.
-DELETE_AT_FIRST_SAVE = """
-import os, runpy, sys, torch
-gone, sys.argv = sys.argv[1], sys.argv[2:]
-sys.path.insert(0, os.path.dirname(sys.argv[0]))
-save = torch.save
-def save_then_delete(*args, **kwargs):
-    save(*args, **kwargs)
-    if os.path.exists(gone):
-        os.remove(gone)
-torch.save = save_then_delete
-runpy.run_path(sys.argv[0], run_name="__main__")
-"""
 
 
 def test_a_val_image_deleted_between_epochs_is_named_in_one_line(tmp_path):

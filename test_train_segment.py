@@ -15,6 +15,7 @@ import torch
 import torchvision
 from PIL import Image
 
+from conftest import DELETE_AT_FIRST_SAVE
 from data_processing import make_csv_file_npy
 from train_segment import save_overlay
 
@@ -492,21 +493,6 @@ def test_overlay_shows_image_truth_and_prediction_in_class_colours_with_titles_a
         assert (canvas[2:14, 4 + 36 * col : 36 + 36 * col] > 200).all(axis=-1).sum() >= 10
     legend = 16 + 2 * 36 + 4
     assert (canvas[legend + 5, 6] == green).all() and (canvas[legend + 16 + 5, 6] == magenta).all()
-
-
-# Deletes the file named by argv[1] as the first checkpoint is saved: at the end of epoch 1.
-DELETE_AT_FIRST_SAVE = """
-import os, runpy, sys, torch
-gone, sys.argv = sys.argv[1], sys.argv[2:]
-sys.path.insert(0, os.path.dirname(sys.argv[0]))
-save = torch.save
-def save_then_delete(*args, **kwargs):
-    save(*args, **kwargs)
-    if os.path.exists(gone):
-        os.remove(gone)
-torch.save = save_then_delete
-runpy.run_path(sys.argv[0], run_name="__main__")
-"""
 
 
 def test_a_val_image_deleted_between_epochs_is_named_in_one_line(tmp_path):
