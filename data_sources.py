@@ -26,6 +26,7 @@ import struct
 import sys
 import tarfile
 import tempfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -319,9 +320,20 @@ def read_head(path, n):
         return f.read(n), os.fstat(f.fileno()).st_size
 
 
+# numpy parses a .npy header as a Python literal. Python 3.11's parser keeps one recursion count
+# for all threads, and two threads parsing at once can fail with "AST constructor recursion depth
+# mismatch"; the checks below read headers on several threads, so they take turns parsing.
+NPY_PARSE = threading.Lock()
+
+
 def load_npy(path):
     """A .npy array, memory-mapped; an s3:// one read whole (the checks that read every pixel)."""
-    return np.load(io.BytesIO(s3_get(path))) if remote(path) else np.load(path, mmap_mode="r")
+    if remote(path):
+        data = io.BytesIO(s3_get(path))
+        with NPY_PARSE:
+            return np.load(data)
+    with NPY_PARSE:
+        return np.load(path, mmap_mode="r")
 
 
 def read_bytes(path):
@@ -1218,7 +1230,8 @@ def _parse_npy_header(header):
         if version == (1, 0)
         else np.lib.format.read_array_header_2_0
     )
-    shape, _, dtype = read(f)
+    with NPY_PARSE:
+        shape, _, dtype = read(f)
     return shape, dtype
 
 

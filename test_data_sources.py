@@ -13,6 +13,7 @@ import re
 import shutil
 import struct
 import tarfile
+import time
 from collections import Counter
 
 import numpy as np
@@ -732,6 +733,28 @@ def test_float_images_with_nan_or_inf_are_refused(tmp_path):
     np.save(imgs[2], images[2])
     with pytest.raises(DataError, match=f"^{re.escape(imgs[2])}: holds NaN or infinite pixels"):
         seg_pipe(imgs, lbls, batch_size=2, mode="eval")
+
+
+def test_npy_headers_are_parsed_one_thread_at_a_time(tmp_path, monkeypatch):
+    # Python 3.11's parser fails now and then when two threads parse at once; the checks read the
+    # float images on 8 threads
+    import ast
+
+    parse, inside, most, calls = ast.literal_eval, [0], [0], [0]
+
+    def slow_parse(text):
+        calls[0] += 1
+        inside[0] += 1
+        most[0] = max(most[0], inside[0])
+        time.sleep(0.01)
+        inside[0] -= 1
+        return parse(text)
+
+    monkeypatch.setattr(ast, "literal_eval", slow_parse)
+    images = [np.full((SEG_H, SEG_W), k / 8, np.float32) for k in range(8)]
+    imgs, lbls = save_pairs(tmp_path, images, [seg_mask(k) for k in range(8)])
+    seg_pipe(imgs, lbls, batch_size=8, mode="eval")  # reads every image to check it is finite
+    assert calls[0] >= 8 and most == [1]
 
 
 def test_not_an_npy_file(seg_files):
