@@ -55,8 +55,9 @@ import torch.nn.functional as F
 import torchvision
 import torchvision.transforms as T
 import torchvision.transforms.functional as TF
-from nvidia.dali import ops, types
-from nvidia.dali.pipeline import Pipeline
+from nvidia.dali import fn, ops, types
+from nvidia.dali.pipeline import Pipeline, pipeline_def
+from nvidia.dali.plugin.pytorch import DALIClassificationIterator, LastBatchPolicy
 from PIL import Image, ImageDraw, ImageEnhance
 from torch.utils.data import DataLoader, Dataset, RandomSampler
 from torchvision.datasets import ImageFolder
@@ -98,6 +99,16 @@ SWEEP_OPTIONS = (
     ("dtype", "float16"),
     ("exec_dynamic", False),
     ("set_affinity", True),
+)
+# --against-example: our mixed-decode HWC loader with one setting of NVIDIA's ResNet-50 example at a
+# time (its crop's area and aspect ranges, DALI's default hw_decoder_load), or with another knob.
+EXAMPLE_STEPS = (
+    ("hw_decoder_load=0.65", dict(hw_decoder_load=0.65)),
+    ("example-crop", dict(random_area=(0.1, 1.0), random_aspect_ratio=(0.8, 1.25))),
+    ("threads=16", dict(num_threads=16)),
+    ("prefetch=3", dict(prefetch_queue_depth=3)),
+    ("exec_dynamic=False", dict(exec_dynamic=False)),
+    ("default-stream", dict(default_stream=True)),
 )
 # scikit-image sample photos shipped inside its wheel (none is downloaded): colour photos first, then
 # grayscale ones of textured surfaces, which JPEG finds as hard as foliage or fur.
@@ -226,6 +237,12 @@ def parse_args(argv=None):
         choices=["ta_wide", "ra", "imagenet"],
         help="also the mixed-decode (uncached and cached), CPU-only DALI and DataLoader loaders "
         "with this policy after the crop and flip (DALI's auto_aug; torchvision's transform)",
+    )
+    p.add_argument(
+        "--against-example",
+        action="store_true",
+        help="also NVIDIA's example pipeline on 16 threads and ours with one of its settings (or "
+        f"another knob) at a time: {', '.join(name for name, _ in EXAMPLE_STEPS)} (GPU only)",
     )
     p.add_argument(
         "--hw-decoder-load",
@@ -623,15 +640,17 @@ def dali_classify(args, device_id, layout="folder", **pipeline_kwargs):
     the timing measures is the epochs after it."""
     data_dir = args.data_dir if layout == "folder" else args.shards[layout]
     free = torch.cuda.mem_get_info()[0] if pipeline_kwargs.get("decoder_cache") else None
-    pipe = ClassifyTrainPipeline(
-        args.batch_size,
-        dali_threads(args, device_id),
-        device_id,
-        data_dir,
-        seed=SEED,
+    settings = dict(
+        num_threads=dali_threads(args, device_id),
         hw_decoder_load=args.hw_decoder_load,
         prefetch_queue_depth=args.prefetch_queue_depth,
-        **pipeline_kwargs,
+    )
+    pipe = ClassifyTrainPipeline(
+        args.batch_size,
+        device_id=device_id,
+        data_dir=data_dir,
+        seed=SEED,
+        **{**settings, **pipeline_kwargs},
     )
     hwc = pipeline_kwargs.get("output_layout") == "HWC"
     loader = classify_iterator(pipe)
@@ -660,6 +679,88 @@ def dali_classify(args, device_id, layout="folder", **pipeline_kwargs):
             b[0]["label"].squeeze(-1).long(),
         ),
     )
+
+
+@pipeline_def
+def example_pipeline(data_dir, crop, dali_cpu):
+    """The training pipeline of NVIDIA's PyTorch ResNet-50 example (DALI's
+    docs/examples/use_cases/pytorch/resnet50/main.py), as it is written there: the peer to beat."""
+    images, labels = fn.readers.file(
+        file_root=data_dir, random_shuffle=True, pad_last_batch=True, name="Reader"
+    )
+    images = fn.decoders.image_random_crop(
+        images,
+        device="cpu" if dali_cpu else "mixed",
+        output_type=types.RGB,
+        device_memory_padding=0 if dali_cpu else 211025920,
+        host_memory_padding=0 if dali_cpu else 140544512,
+        random_aspect_ratio=[0.8, 1.25],
+        random_area=[0.1, 1.0],
+        num_attempts=100,
+    )
+    images = fn.resize(
+        images,
+        device="cpu" if dali_cpu else "gpu",
+        resize_x=crop,
+        resize_y=crop,
+        interp_type=types.INTERP_TRIANGULAR,
+    )
+    images = fn.crop_mirror_normalize(
+        images if dali_cpu else images.gpu(),
+        dtype=types.FLOAT,
+        output_layout="CHW",
+        crop=(crop, crop),
+        mean=list(IMAGENET_MEAN),
+        std=list(IMAGENET_STD),
+        mirror=fn.random.coin_flip(probability=0.5),
+    )
+    return images, labels if dali_cpu else labels.gpu()
+
+
+def nvidia_example(args, device_id, num_threads=None):
+    """NVIDIA's example pipeline and its iterator, on ``num_threads`` DALI threads (default: as
+    ours)."""
+    pipe = example_pipeline(
+        batch_size=args.batch_size,
+        num_threads=num_threads or dali_threads(args, device_id),
+        device_id=device_id,
+        seed=SEED,
+        data_dir=args.data_dir,
+        crop=CROP,
+        dali_cpu=device_id is None,
+    )
+    pipe.build()
+    loader = DALIClassificationIterator(
+        pipe, reader_name="Reader", last_batch_policy=LastBatchPolicy.PARTIAL, auto_reset=True
+    )
+    return endless(loader, args.device, lambda b: (b[0]["data"], b[0]["label"].squeeze(-1).long()))
+
+
+@contextmanager
+def on_default_stream(make_loader, args):
+    """``make_loader``'s batches, the training steps that take them on the default stream rather
+    than the high-priority one of the end-to-end section."""
+    stream = torch.cuda.current_stream()
+    torch.cuda.set_stream(torch.cuda.default_stream())
+    try:
+        with make_loader(args) as batches:
+            yield batches
+    finally:
+        torch.cuda.set_stream(stream)
+
+
+def example_steps():
+    """(name, loader) rows of --against-example: the example with 16 threads, and ours with one
+    change at a time (EXAMPLE_STEPS)."""
+    rows = [("nvidia-example threads=16", partial(nvidia_example, device_id=0, num_threads=16))]
+    for name, change in EXAMPLE_STEPS:
+        change = dict(change)
+        ours = partial(dali_classify, device_id=0, output_layout="HWC")
+        if change.pop("default_stream", False):
+            rows.append((f"dali-mixed-hwc {name}", partial(on_default_stream, ours)))
+        else:
+            rows.append((f"dali-mixed-hwc {name}", partial(ours, **change)))
+    return rows
 
 
 class DecodePipeline(Pipeline):
@@ -1426,8 +1527,11 @@ def main():
         if args.gpu
         else []
     )
+    loaders += [("nvidia-example", partial(nvidia_example, device_id=0))] if args.gpu else []
+    loaders += example_steps() if args.gpu and args.against_example else []
     loaders += shards + [
         ("dali-cpu", partial(dali_classify, device_id=None)),
+        ("nvidia-example-cpu", partial(nvidia_example, device_id=None)),
         ("dataloader", torchvision_classify),
     ]
     if args.auto_augment:  # each loader of these with the policy too, beside it without
@@ -1471,7 +1575,10 @@ def main():
             optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
             # the GPU loaders only: CPU-only DALI and the DataLoader fall far short of these models (README)
             for name, make in [("synthetic", synthetic_classify)] + [
-                loader for loader in loaders if loader[0].startswith("dali-mixed")
+                loader
+                for loader in loaders
+                if loader[0].startswith(("dali-mixed", "nvidia-example"))
+                and not loader[0].endswith("-cpu")
             ]:
                 report["end_to_end"].append(
                     guarded(

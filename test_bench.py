@@ -68,6 +68,8 @@ def test_quick_run_reports_every_section(quick_run):
     for section in ("classification", "segmentation"):
         rows = {row["loader"]: row for row in report[section]}
         assert {"dali-cpu", "dataloader"} <= rows.keys()
+        if section == "classification":  # NVIDIA's example, the peer, on the CPU too
+            assert "nvidia-example-cpu" in rows
         assert all(row["img_per_s"] > 0 and row["vs_dataloader"] > 0 for row in rows.values())
         assert rows["dataloader"]["vs_dataloader"] == 1.0
 
@@ -79,8 +81,12 @@ def test_quick_run_reports_every_section(quick_run):
             "dali-mixed",
             "dali-mixed-hwc",
             "dali-mixed-hwc-fp16",
+            "dali-mixed-full",
+            "dali-mixed-cached",
+            "dali-mixed-half-cache",
             "dali-mixed-tfrecord",
             "dali-mixed-wds",
+            "nvidia-example",
         }
         assert all(
             row["img_per_s"] > 0 and 0 <= row["data_wait_pct"] <= 100
