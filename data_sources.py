@@ -1151,10 +1151,12 @@ def decoded_size(pipe, sample=256):
 
 
 def plan_decoder_cache(mode, pipes, free_mb):
-    """(MB of decoder cache for ``pipes``, or None; a line saying which and why). ``mode`` "on",
-    "off", or "auto": on when the pipelines' shares of decoded images fit in half of ``free_mb``,
-    the GPU's free memory, the rest left to the model. DALI keeps one cache per GPU for every
-    decoder of the process, so all of ``pipes`` get the same size."""
+    """(MB of decoder cache for ``pipes``, or None; a line saying which and why). ``mode`` "off",
+    "on" (all of the pipelines' shares of decoded images), a number of MB (a cache of that size:
+    the images that fit), or "auto": as much of the shares as half of ``free_mb``, the GPU's free
+    memory, holds, the rest left to the model; the images that do not fit are decoded whole every
+    epoch. DALI keeps one cache per GPU for every decoder of the process, so all of ``pipes`` get
+    the same size."""
     if mode == "off" or pipes[0].device_id is None:
         return None, None
     why = None
@@ -1163,15 +1165,15 @@ def plan_decoder_cache(mode, pipes, free_mb):
     elif pipes[0].read.ra:  # a process's share changes every epoch: a cache of it would miss
         why = "not with --ra-sampler, whose processes read other images every epoch"
     if why:
-        if mode == "on":
-            raise DataError(f"--decoder-cache on: {why}; pass auto or off")
+        if mode != "auto":
+            raise DataError(f"--decoder-cache {mode}: {why}; pass auto or off")
         return None, f"decoder cache off ({mode}): {why}"
     need = 1.1 * sum(decoded_size(p) for p in pipes)  # 1.1: room for the estimate's error
-    on = mode == "on" or need < free_mb / 2
-    return math.ceil(need) if on else None, (
-        f"decoder cache {'on' if on else 'off'} ({mode}): this process's images take about "
-        f"{need / 1024:.1f} GB "
-        f"decoded, and {free_mb / 1024:.1f} GB of GPU memory are free"
+    size = need if mode == "on" else min(need, free_mb / 2 if mode == "auto" else mode)
+    held = "all" if size >= need else f"about {size / need:.0%}"
+    return math.ceil(size), (
+        f"decoder cache of {size / 1024:.1f} GB ({mode}): it holds {held} of this process's "
+        f"images, {need / 1024:.1f} GB decoded; {free_mb / 1024:.1f} GB of GPU memory are free"
     )
 
 

@@ -32,6 +32,20 @@ non_negative = number(float, ">= 0", lambda v: v >= 0)
 probability = number(float, "in [0, 1]", lambda v: 0 <= v <= 1)
 below_one = number(float, "in [0, 1)", lambda v: 0 <= v < 1)
 
+
+def cache_mode(text):
+    """--decoder-cache: auto, on, off, or the MB of GPU memory it may take (a cache of that size
+    holds the images that fit)."""
+    if text in ("auto", "on", "off"):
+        return text
+    try:
+        return at_least_1(text)
+    except (ValueError, argparse.ArgumentTypeError):
+        raise argparse.ArgumentTypeError(
+            f"expected auto, on, off or a number of MB (at least 1), got {text!r}"
+        ) from None
+
+
 # torchvision's --lr-scheduler names, in any case as torchvision takes them: each is our schedule of
 # the same lr at the start of every epoch.
 SCHEDULER_ALIASES = {

@@ -15,6 +15,7 @@ import struct
 import tarfile
 import time
 from collections import Counter
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -619,6 +620,26 @@ def test_cpu_pipelines_ignore_the_decoder_cache(texture_folder):
     assert data_sources.plan_decoder_cache(
         "on", [ClassifyValPipeline(2, 1, None, str(texture_folder))], 80 * 1024
     ) == (None, None)
+
+
+def test_the_decoder_cache_plan_holds_what_fits(texture_folder):
+    val = ClassifyValPipeline(2, 1, None, str(texture_folder))
+    # the plan of a pipeline on a GPU: what it reads is the same
+    on_gpu = SimpleNamespace(**{k: getattr(val, k) for k in ("read", "files", "layout")})
+    on_gpu.device_id, on_gpu.num_samples, on_gpu.num_shards = 0, val.num_samples, 1
+    need = 1.1 * data_sources.decoded_size(val)
+    whole = math.ceil(need)
+    plan = functools.partial(data_sources.plan_decoder_cache, pipes=[on_gpu])
+    assert plan("auto", free_mb=4 * need) == (
+        whole,
+        f"decoder cache of {need / 1024:.1f} GB (auto): it holds all of this process's images, "
+        f"{need / 1024:.1f} GB decoded; {4 * need / 1024:.1f} GB of GPU memory are free",
+    )
+    # half the free memory when the images do not fit in it; a given size; on whatever is free
+    assert plan("auto", free_mb=need)[0] == math.ceil(need / 2)
+    assert "it holds about 50% of this process's images" in plan("auto", free_mb=need)[1]
+    assert plan(1, free_mb=4 * need)[0] == 1 and plan(10**6, free_mb=1)[0] == whole
+    assert plan("on", free_mb=1)[0] == whole and plan("off", free_mb=4 * need) == (None, None)
 
 
 # ------------------------------------------------------------------------------------------

@@ -935,6 +935,7 @@ def test_error_unknown_arch(tmp_path):
         ("--lr", "inf", "> 0"),
         ("--wd", "nan", ">= 0"),
         ("--momentum", "nan", "in [0, 1)"),
+        ("--decoder-cache", "0", "expected auto, on, off or a number of MB (at least 1)"),
     ],
 )
 def test_error_bad_numbers(tmp_path, flag, value, allowed):

@@ -114,10 +114,11 @@ def get_args_parser():
     )
     g.add_argument(
         "--decoder-cache",
-        choices=["auto", "on", "off"],
+        type=flags.cache_mode,
         default="auto",
-        help="keep decoded images in DALI's GPU cache "
-        "(auto: when this process's share fits in half the free GPU memory)",
+        metavar="auto|on|off|MB",
+        help="keep decoded images in DALI's GPU cache (auto: as many of this process's share as "
+        "half the free GPU memory holds; MB: a cache of that size)",
     )
     g = parser.add_argument_group("model")
     g.add_argument(
