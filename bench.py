@@ -6,13 +6,15 @@ One run, on the same files, same batch size, DataLoader workers = threads of the
   1. classification loaders, each delivering normalized float batches where training needs them (the
      GPU when there is one): ``ClassifyTrainPipeline`` with mixed (GPU) decode, the same pipeline
      CPU-only followed by ``.cuda()``, and torchvision ``ImageFolder`` + ``DataLoader`` doing
-     RandomResizedCrop(224), flip, ToTensor, Normalize followed by ``.cuda()``;
+     RandomResizedCrop(224), flip, ToTensor, Normalize followed by ``.cuda()``; beside them the
+     training pipeline of NVIDIA's PyTorch ResNet-50 example, the peer (``nvidia-example``);
   2. segmentation loaders: ``SegmentTrainPipeline`` (GPU and CPU-only) against a torch ``Dataset`` +
      ``DataLoader`` doing the same augmentations on the CPU;
   3. end to end (GPU only): training steps of torchvision ResNets fed by each classification loader,
      beside a synthetic batch already on the GPU (the ceiling), with the share of each step spent
      waiting for data;
-  4. with ``--sweep`` (GPU only): the mixed-decode loader over hw_decoder_load x DALI threads.
+  4. with ``--sweep`` (GPU only): the mixed-decode loader over hw_decoder_load x DALI threads;
+  5. with ``--against-example`` (GPU only): ours with one of the example's settings at a time.
 
 Without ``--data`` it generates an ImageNet-like set of JPEGs (400-500 px per side, quality 90, cut
 from scikit-image's sample photos when scikit-image is installed, procedural otherwise) into

@@ -1152,11 +1152,10 @@ def decoded_size(pipe, sample=256):
 
 def plan_decoder_cache(mode, pipes, free_mb):
     """(MB of decoder cache for ``pipes``, or None; a line saying which and why). ``mode`` "off",
-    "on" (all of the pipelines' shares of decoded images), a number of MB (a cache of that size:
-    the images that fit), or "auto": as much of the shares as half of ``free_mb``, the GPU's free
-    memory, holds, the rest left to the model; the images that do not fit are decoded whole every
-    epoch. DALI keeps one cache per GPU for every decoder of the process, so all of ``pipes`` get
-    the same size."""
+    "on" (all of the pipelines' shares of decoded images), "auto" (on when they fit in half of
+    ``free_mb``, the GPU's free memory, the rest left to the model), or a number of MB: a cache of
+    that size, holding the images that fit, the others decoded whole every epoch. DALI keeps one
+    cache per GPU for every decoder of the process, so all of ``pipes`` get the same size."""
     if mode == "off" or pipes[0].device_id is None:
         return None, None
     why = None
@@ -1169,11 +1168,14 @@ def plan_decoder_cache(mode, pipes, free_mb):
             raise DataError(f"--decoder-cache {mode}: {why}; pass auto or off")
         return None, f"decoder cache off ({mode}): {why}"
     need = 1.1 * sum(decoded_size(p) for p in pipes)  # 1.1: room for the estimate's error
-    size = need if mode == "on" else min(need, free_mb / 2 if mode == "auto" else mode)
-    held = "all" if size >= need else f"about {size / need:.0%}"
-    return math.ceil(size), (
-        f"decoder cache of {size / 1024:.1f} GB ({mode}): it holds {held} of this process's "
-        f"images, {need / 1024:.1f} GB decoded; {free_mb / 1024:.1f} GB of GPU memory are free"
+    if mode in ("on", "auto"):
+        size = need if mode == "on" or need < free_mb / 2 else None
+    else:
+        size = min(need, mode)
+    state = "off" if size is None else "on" if size == need else f"on, about {size / need:.0%}"
+    return (None if size is None else math.ceil(size)), (
+        f"decoder cache {state} ({mode}): this process's images take about {need / 1024:.1f} GB "
+        f"decoded, and {free_mb / 1024:.1f} GB of GPU memory are free"
     )
 
 

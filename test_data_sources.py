@@ -630,16 +630,24 @@ def test_the_decoder_cache_plan_holds_what_fits(texture_folder):
     need = 1.1 * data_sources.decoded_size(val)
     whole = math.ceil(need)
     plan = functools.partial(data_sources.plan_decoder_cache, pipes=[on_gpu])
+    gb = f"{need / 1024:.1f} GB decoded, and {4 * need / 1024:.1f} GB of GPU memory are free"
     assert plan("auto", free_mb=4 * need) == (
         whole,
-        f"decoder cache of {need / 1024:.1f} GB (auto): it holds all of this process's images, "
-        f"{need / 1024:.1f} GB decoded; {4 * need / 1024:.1f} GB of GPU memory are free",
+        f"decoder cache on (auto): this process's images take about {gb}",
     )
-    # half the free memory when the images do not fit in it; a given size; on whatever is free
-    assert plan("auto", free_mb=need)[0] == math.ceil(need / 2)
-    assert "it holds about 50% of this process's images" in plan("auto", free_mb=need)[1]
-    assert plan(1, free_mb=4 * need)[0] == 1 and plan(10**6, free_mb=1)[0] == whole
-    assert plan("on", free_mb=1)[0] == whole and plan("off", free_mb=4 * need) == (None, None)
+    assert plan("on", free_mb=4 * need) == (
+        whole,
+        f"decoder cache on (on): this process's images take about {gb}",
+    )
+    # auto: off when they do not fit in half the free memory; on: whatever is free
+    assert plan("auto", free_mb=2 * need)[0] is None and plan("on", free_mb=1)[0] == whole
+    assert plan("off", free_mb=4 * need) == (None, None)
+    # a size: the images that fit, and no more than all of them
+    half, line = plan(need / 2, free_mb=4 * need)
+    assert half == math.ceil(need / 2) and line.startswith(
+        f"decoder cache on, about 50% ({need / 2})"
+    )
+    assert plan(10**6, free_mb=1)[0] == whole
 
 
 # ------------------------------------------------------------------------------------------

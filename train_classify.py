@@ -117,8 +117,8 @@ def get_args_parser():
         type=flags.cache_mode,
         default="auto",
         metavar="auto|on|off|MB",
-        help="keep decoded images in DALI's GPU cache (auto: as many of this process's share as "
-        "half the free GPU memory holds; MB: a cache of that size)",
+        help="keep decoded images in DALI's GPU cache (auto: when this process's share fits in "
+        "half the free GPU memory; MB: a cache of that size, holding the images that fit)",
     )
     g = parser.add_argument_group("model")
     g.add_argument(
