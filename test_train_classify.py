@@ -423,6 +423,22 @@ def test_resume_turning_progressive_resize_on_is_refused(tmp_path):
     assert_one_line_error(proc, f"--resume {path}: its run had no --progressive-resize")
 
 
+@pytest.mark.parametrize(
+    "first,then,told",
+    [
+        (["--auto-augment", "ta_wide"], [], "--auto-augment ta_wide, this run has off"),
+        ([], ["--random-erase", "0.25"], "--random-erase off, this run has 0.25"),
+    ],
+)
+def test_resume_with_another_pipeline_graph_is_refused(tmp_path, first, then, told):
+    # DALI's own error would be a stack trace: the executor does not recognise an operator
+    root, out = tiny_imagefolder(str(tmp_path / "d")), str(tmp_path / "o")
+    tiny_run(root, out, *first)
+    path = os.path.join(out, "checkpoint.pth")
+    proc = tiny_run(root, out, *then, "--epochs", "2", "--resume", path, check=False)
+    assert_one_line_error(proc, f"--resume {path}: taken with {told}; resume with the same")
+
+
 def test_resume_with_another_batch_size_is_refused(demo_run):
     proc = run(
         "--data",

@@ -475,6 +475,25 @@ def make_pipelines(args, world, dali_state, cache=None):
     return train, val, classes
 
 
+def check_same_pipeline(saved, args):
+    """A --resume run's training pipeline must be built as the checkpoint's was: DALI restores its
+    state only into the graph it came from (a policy, or random erasing, adds operators to it),
+    and the sampler's batches, or the reader's, go on."""
+    then, now = (a.get("ra_sampler") and a.get("ra_reps") for a in (saved, vars(args)))
+    if then != now:
+        raise UsageError(
+            f"--resume {args.resume}: taken with --ra-reps {then or 'off'}, this run has "
+            f"{now or 'off'}; resume with the same, so the remaining batches are the same"
+        )
+    for flag, kind in (("auto_augment", str), ("random_erase", bool)):
+        then, now = saved.get(flag), getattr(args, flag)
+        if kind(then or "") != kind(now or ""):
+            raise UsageError(
+                f"--resume {args.resume}: taken with --{flag.replace('_', '-')} {then or 'off'}, "
+                f"this run has {now or 'off'}; resume with the same, or --weights it"
+            )
+
+
 def build_loaders(args, world, ckpt, log):
     """The pipelines and iterators, and what the run needs to know of the data; checks that a
     --resume checkpoint fits it."""
@@ -500,12 +519,8 @@ def build_loaders(args, world, ckpt, log):
     digest = data_digest(train_pipe.read.data_dir, train_pipe.files) if on_main else None
     if ckpt:
         training.check_resumable(ckpt, args, classes, train_pipe.num_samples, world.size, digest)
-        then, now = (a.get("ra_sampler") and a.get("ra_reps") for a in (ckpt["args"], vars(args)))
-        if then != now and not args.evaluate:  # the sampler's batches, or the reader's, go on
-            raise UsageError(
-                f"--resume {args.resume}: taken with --ra-reps {then or 'off'}, this run has "
-                f"{now or 'off'}; resume with the same, so the remaining batches are the same"
-            )
+        if not args.evaluate:
+            check_same_pipeline(ckpt["args"], args)
     with decode_errors_named(train_pipe):  # the iterators decode their first batches right away
         train_loader = classify_iterator(train_pipe)
     with decode_errors_named(val_pipe):
