@@ -385,6 +385,15 @@ def test_progressive_resize_grows_the_training_crop_each_epoch(tmp_path):
         assert {b[0]["data"].shape[2:] for b in val_it} == {(32, 32)}
 
 
+def test_the_synthetic_loader_follows_the_progressive_sizes(tmp_path):
+    args = train_classify.parse_args(["--data", "x", *TINY, *PROGRESSIVE, "--loader", "synthetic"])
+    world = SimpleNamespace(device=torch.device("cpu"))
+    loaders = SimpleNamespace(steps=3, num_classes=2)
+    for epoch, size in ((1, 32), (2, 64), (3, 96), (4, 96)):
+        batches = train_classify.train_batches(args, world, loaders, None, epoch, first_step=1)
+        assert len(batches) == 2 and batches[0][0].shape == (args.batch_size, 3, size, size)
+
+
 def test_progressive_resize_resumes_mid_epoch_at_its_size(tmp_path):
     """Killed in epoch 2 (64 pixels), resumed there, then on into epoch 3 (96)."""
     root = tiny_imagefolder(str(tmp_path / "d"), per_class=12, size=(100, 100))

@@ -326,7 +326,7 @@ def main(args):
         # The first epoch reads validation too, a batch a step: a bad file shows at once, yet
         # step 1 waits for none.
         val_beside = loaders.val_batches() if epoch == start_epoch else ()
-        batches = training.alongside(loaders.train_batches(first_step), val_beside)
+        batches = training.alongside(loaders.train_batches(epoch, first_step), val_beside)
         steps = step_log.epoch(batches, epoch, first_step, loss_sum)
         train_loss = train_one_epoch(
             model, criterion, state, steps, step_log, epoch, args, mixup_cutmix
@@ -536,18 +536,19 @@ def build_loaders(args, world, ckpt, log):
         decoder_cache=cache,
         val_batches=lambda: batches_on_device(val_loader, val_pipe, world.device),
     )
-    loaders.train_batches = lambda first_step: train_batches(
-        args, world, loaders, train_pipe, first_step
+    loaders.train_batches = lambda epoch, first_step: train_batches(
+        args, world, loaders, train_pipe, epoch, first_step
     )
     return loaders
 
 
-def train_batches(args, world, loaders, train_pipe, first_step):
-    """The rest of the epoch's training batches: DALI's, or with --loader synthetic one random
-    batch already on the device, every step (the ceiling for any loader)."""
+def train_batches(args, world, loaders, train_pipe, epoch, first_step):
+    """The rest of ``epoch``'s training batches: DALI's, or with --loader synthetic one random
+    batch of the epoch's crop size already on the device, every step (the ceiling for any
+    loader)."""
     if args.loader == "dali":
         return batches_on_device(loaders.train_loader, train_pipe, world.device)
-    size = args.train_crop_size
+    size = train_crop_size(args, epoch)
     images = torch.randn(args.batch_size, 3, size, size, device=world.device)
     if args.channels_last:
         images = images.contiguous(memory_format=torch.channels_last)
