@@ -1439,59 +1439,10 @@ def save(report, path):
 # ------------------------------------------------------------------------------------------
 
 
-def main():
-    args = parse_args()
-    if args.seg_startup:
-        return seg_startup(args)
-    if args.startup:
-        args.gpu = torch.cuda.is_available()
-        return startup(args)
-    if args.ddp:
-        if not torch.cuda.is_available() or "RANK" not in os.environ:
-            sys.exit(
-                "error: --ddp: run it under torchrun on a machine with CUDA GPUs, e.g. "
-                "torchrun --nproc_per_node=2 bench.py --ddp"
-            )
-        args.gpu, args.device = True, "cuda"
-        return ddp_bench(args)
-    # Beyond the flags, args carries what every loader needs: where batches go and which files to read.
-    args.gpu = torch.cuda.is_available()
-    args.device = "cuda" if args.gpu else "cpu"
-    report = dict(
-        meta=meta(args),
-        dataset=None,
-        segmentation_dataset=None,
-        decoder=[],
-        classification=[],
-        segmentation=[],
-        end_to_end=[],
-        sweep=[],
-        cache=[],
-        skipped={},
-    )
-    log(
-        f"bench.py on {report['meta']['gpu'] or 'CPU only'}, {args.workers} workers: {report['meta']['command']}"
-    )
-
-    args.data_dir, source = jpeg_set(args)
-    report["dataset"] = jpeg_stats(args.data_dir, source)
-    args.seg_imgs, args.seg_lbls = seg_set(args)
-    report["segmentation_dataset"] = seg_stats(args.seg_imgs, args.seg_lbls)
-    for line in header_lines(report)[-2:]:
-        log(line)
-
-    if args.gpu and not args.only:
-        log(f"decoder ceiling: mixed decode alone, hw_decoder_load {args.hw_decoder_load}")
-        report["decoder"] = [
-            guarded(dict(loader=name), time_decoder, name, args, crop)
-            for name, crop in (("decode", False), ("crop-decode", True))
-        ]
-        save(report, args.json)
-    else:
-        report["skipped"]["decoder"] = "--only" if args.only else "no CUDA device"
-
-    args.shards = shard_sets(args)
-    log("classification loaders")
+def classification_loaders(args):
+    """(name, loader) rows of the classification section, --auto-augment's and --only's choices
+    applied: on a GPU, mixed decode (output forms, the decoder cache, the peer); the shard layouts;
+    CPU-only DALI, the peer on the CPU, and the DataLoader."""
     device_id = 0 if args.gpu else None
     shards = [
         (
@@ -1502,7 +1453,6 @@ def main():
     ]
     # The decoder cache: whole images decoded once into a cache that holds them all, or half of them.
     cache_mb = math.ceil(1.1 * decoded_size(ClassifyValPipeline(1, 1, None, args.data_dir)))
-    args.cache_fills = report["cache"]
     loaders = (
         [
             ("dali-mixed", partial(dali_classify, device_id=0)),
@@ -1549,6 +1499,154 @@ def main():
             for name, make in loaders
             if any(word in name for word in args.only.split(","))
         ]
+    return loaders
+
+
+def end_to_end(args, loaders, report):
+    """Training steps of each of --models fed by the synthetic batch, then by each GPU loader."""
+    log("end to end")
+    torch.backends.cudnn.benchmark = True
+    # as in training.py: training kernels first, DALI's kernels fill the gaps
+    torch.cuda.set_stream(torch.cuda.Stream(priority=-1))
+    for model_name in args.models.split(","):
+        model = getattr(torchvision.models, model_name)(weights=None, num_classes=1000)
+        model = model.cuda().to(memory_format=torch.channels_last)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+        # the GPU loaders only: CPU-only DALI and the DataLoader fall far short of these models (README)
+        for name, make in [("synthetic", synthetic_classify)] + [
+            loader
+            for loader in loaders
+            if loader[0].startswith(("dali-mixed", "nvidia-example"))
+            and not loader[0].endswith("-cpu")
+        ]:
+            report["end_to_end"].append(
+                guarded(
+                    dict(model=model_name, loader=name),
+                    time_training,
+                    model_name,
+                    model,
+                    optimizer,
+                    name,
+                    make,
+                    args,
+                )
+            )
+        del model, optimizer
+        torch.cuda.empty_cache()
+        with_ratios(report["end_to_end"], group="model")
+        save(report, args.json)
+
+
+def sweep(args, report):
+    """--sweep: the mixed-decode loader over DALI threads x hw_decoder_load, then the other knobs
+    one at a time at the grid's best point."""
+    log("sweep: mixed-decode loader")
+    for threads, load in itertools.product(SWEEP_THREADS, SWEEP_HW_DECODER_LOADS):
+        swept = argparse.Namespace(
+            **{**vars(args), "gpu_threads": threads, "hw_decoder_load": load}
+        )
+        name = f"{threads}t/{load:.2f}"
+        row = guarded(
+            dict(loader=name), time_loader, name, partial(dali_classify, device_id=0), swept
+        )
+        report["sweep"].append(dict(threads=threads, hw_decoder_load=load, **row))
+        save(report, args.json)
+    # The other knobs, one at a time, at the best threads x hw_decoder_load of the grid.
+    best = max((r for r in report["sweep"] if r.get("img_per_s")), key=lambda r: r["img_per_s"])
+    tuned = argparse.Namespace(
+        **{
+            **vars(args),
+            "gpu_threads": best["threads"],
+            "hw_decoder_load": best["hw_decoder_load"],
+        }
+    )
+    for option, value in SWEEP_OPTIONS:
+        name = f"{best['loader']} {option}={value}"
+        variant = argparse.Namespace(**vars(tuned))
+        kwargs = {}
+        if option == "prefetch_queue_depth":
+            variant.prefetch_queue_depth = value
+        else:
+            kwargs[option] = value
+        row = guarded(
+            dict(loader=name),
+            time_loader,
+            name,
+            partial(dali_classify, device_id=0, **kwargs),
+            variant,
+        )
+        report["sweep"].append(
+            dict(
+                threads=best["threads"],
+                hw_decoder_load=best["hw_decoder_load"],
+                **{option: value},
+                **row,
+            )
+        )
+        save(report, args.json)
+
+
+def main():
+    args = parse_args()
+    if args.seg_startup:
+        return seg_startup(args)
+    if args.startup:
+        args.gpu = torch.cuda.is_available()
+        return startup(args)
+    if args.ddp:
+        if not torch.cuda.is_available() or "RANK" not in os.environ:
+            sys.exit(
+                "error: --ddp: run it under torchrun on a machine with CUDA GPUs, e.g. "
+                "torchrun --nproc_per_node=2 bench.py --ddp"
+            )
+        args.gpu, args.device = True, "cuda"
+        return ddp_bench(args)
+    side_by_side(args)
+
+
+def side_by_side(args):
+    """The default run: each section's loaders on the same files, one after another, into
+    --json."""
+    # Beyond the flags, args carries what every loader needs: where batches go and which files to read.
+    args.gpu = torch.cuda.is_available()
+    args.device = "cuda" if args.gpu else "cpu"
+    report = dict(
+        meta=meta(args),
+        dataset=None,
+        segmentation_dataset=None,
+        decoder=[],
+        classification=[],
+        segmentation=[],
+        end_to_end=[],
+        sweep=[],
+        cache=[],
+        skipped={},
+    )
+    log(
+        f"bench.py on {report['meta']['gpu'] or 'CPU only'}, {args.workers} workers: {report['meta']['command']}"
+    )
+
+    args.data_dir, source = jpeg_set(args)
+    report["dataset"] = jpeg_stats(args.data_dir, source)
+    args.seg_imgs, args.seg_lbls = seg_set(args)
+    report["segmentation_dataset"] = seg_stats(args.seg_imgs, args.seg_lbls)
+    for line in header_lines(report)[-2:]:
+        log(line)
+
+    if args.gpu and not args.only:
+        log(f"decoder ceiling: mixed decode alone, hw_decoder_load {args.hw_decoder_load}")
+        report["decoder"] = [
+            guarded(dict(loader=name), time_decoder, name, args, crop)
+            for name, crop in (("decode", False), ("crop-decode", True))
+        ]
+        save(report, args.json)
+    else:
+        report["skipped"]["decoder"] = "--only" if args.only else "no CUDA device"
+
+    args.shards = shard_sets(args)
+    log("classification loaders")
+    args.cache_fills = report["cache"]
+    loaders = classification_loaders(args)
     report["classification"] = with_ratios(
         [guarded(dict(loader=name), time_loader, name, make, args) for name, make in loaders]
     )
@@ -1567,88 +1665,19 @@ def main():
     save(report, args.json)
 
     if args.gpu:
-        log("end to end")
-        torch.backends.cudnn.benchmark = True
-        # as in training.py: training kernels first, DALI's kernels fill the gaps
-        torch.cuda.set_stream(torch.cuda.Stream(priority=-1))
-        for model_name in args.models.split(","):
-            model = getattr(torchvision.models, model_name)(weights=None, num_classes=1000)
-            model = model.cuda().to(memory_format=torch.channels_last)
-            optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-            # the GPU loaders only: CPU-only DALI and the DataLoader fall far short of these models (README)
-            for name, make in [("synthetic", synthetic_classify)] + [
-                loader
-                for loader in loaders
-                if loader[0].startswith(("dali-mixed", "nvidia-example"))
-                and not loader[0].endswith("-cpu")
-            ]:
-                report["end_to_end"].append(
-                    guarded(
-                        dict(model=model_name, loader=name),
-                        time_training,
-                        model_name,
-                        model,
-                        optimizer,
-                        name,
-                        make,
-                        args,
-                    )
-                )
-            del model, optimizer
-            torch.cuda.empty_cache()
-            with_ratios(report["end_to_end"], group="model")
-            save(report, args.json)
+        end_to_end(args, loaders, report)
     else:
         report["skipped"]["end_to_end"] = "no CUDA device"
 
     if args.sweep and args.gpu:
-        log("sweep: mixed-decode loader")
-        for threads, load in itertools.product(SWEEP_THREADS, SWEEP_HW_DECODER_LOADS):
-            swept = argparse.Namespace(
-                **{**vars(args), "gpu_threads": threads, "hw_decoder_load": load}
-            )
-            name = f"{threads}t/{load:.2f}"
-            row = guarded(
-                dict(loader=name), time_loader, name, partial(dali_classify, device_id=0), swept
-            )
-            report["sweep"].append(dict(threads=threads, hw_decoder_load=load, **row))
-            save(report, args.json)
-        # The other knobs, one at a time, at the best threads x hw_decoder_load of the grid.
-        best = max((r for r in report["sweep"] if r.get("img_per_s")), key=lambda r: r["img_per_s"])
-        tuned = argparse.Namespace(
-            **{
-                **vars(args),
-                "gpu_threads": best["threads"],
-                "hw_decoder_load": best["hw_decoder_load"],
-            }
-        )
-        for option, value in SWEEP_OPTIONS:
-            name = f"{best['loader']} {option}={value}"
-            variant = argparse.Namespace(**vars(tuned))
-            kwargs = {}
-            if option == "prefetch_queue_depth":
-                variant.prefetch_queue_depth = value
-            else:
-                kwargs[option] = value
-            row = guarded(
-                dict(loader=name),
-                time_loader,
-                name,
-                partial(dali_classify, device_id=0, **kwargs),
-                variant,
-            )
-            report["sweep"].append(
-                dict(
-                    threads=best["threads"],
-                    hw_decoder_load=best["hw_decoder_load"],
-                    **{option: value},
-                    **row,
-                )
-            )
-            save(report, args.json)
+        sweep(args, report)
     elif args.sweep:
         report["skipped"]["sweep"] = "no CUDA device"
+    finish(report, args)
 
+
+def finish(report, args):
+    """The report saved and printed; exits non-zero when a measurement failed."""
     save(report, args.json)
     print("\n".join(report_lines(report)), flush=True)
     log(f"results written to {args.json}")
