@@ -1161,80 +1161,9 @@ def ddp_bench(args):
             args.data_dir, _ = jpeg_set(args)
         dist.barrier()
         args.data_dir, _ = jpeg_set(args)  # made by rank 0; the others only find it
-        rows = []
-        for model_name in args.models.split(","):
-            for gpus in sorted({1, world}):
-                for name, make in (
-                    ("synthetic", synthetic_classify),
-                    (
-                        "dali-mixed",
-                        partial(
-                            dali_classify, device_id=local_rank, shard_id=rank, num_shards=gpus
-                        ),
-                    ),
-                ):
-                    if rank >= gpus:  # not in this measurement: wait for the ones that are
-                        dist.barrier()
-                        continue
-                    model = getattr(torchvision.models, model_name)(
-                        weights=None, num_classes=1000
-                    ).cuda()
-                    model = model.to(memory_format=torch.channels_last)
-                    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-                    if gpus > 1:  # all the processes: the default group
-                        model = torch.nn.parallel.DistributedDataParallel(
-                            model, device_ids=[local_rank]
-                        )
-                    row = time_training(model_name, model, optimizer, name, make, args)
-                    if gpus > 1:  # every process trained its own share: the job's rate is their sum
-                        total = torch.tensor(
-                            [row["img_per_s"], row["data_wait_pct"]], device="cuda"
-                        )
-                        dist.all_reduce(total)
-                        row["img_per_s"], row["data_wait_pct"] = (
-                            round(total[0].item(), 1),
-                            round(total[1].item() / gpus, 1),
-                        )
-                    rows.append(dict(row, gpus=gpus))
-                    del model, optimizer
-                    torch.cuda.empty_cache()
-                    dist.barrier()
+        rows = ddp_rows(args, rank, local_rank, world)
         if rank == 0:
-            for row in rows:
-                same = {
-                    r["loader"]: r["img_per_s"]
-                    for r in rows
-                    if r["model"] == row["model"] and r["gpus"] == row["gpus"]
-                }
-                one = next(
-                    r["img_per_s"]
-                    for r in rows
-                    if r["model"] == row["model"]
-                    and r["gpus"] == 1
-                    and r["loader"] == row["loader"]
-                )
-                row["vs_synthetic"] = round(row["img_per_s"] / same["synthetic"], 3)
-                row["scaling"] = round(row["img_per_s"] / (row["gpus"] * one), 3)
-            print(
-                "\n".join(
-                    table(
-                        f"DDP: training img/s on 1 and {world} GPUs (bf16, channels_last, SGD, batch "
-                        f"{args.batch_size} per GPU, {args.gpu_threads} DALI threads per process)",
-                        rows,
-                        [
-                            ("model", "model", ""),
-                            ("GPUs", "gpus", "d"),
-                            ("loader", "loader", ""),
-                            ("img/s", "img_per_s", ",.1f"),
-                            ("vs synthetic", "vs_synthetic", ".3f"),
-                            ("scaling", "scaling", ".3f"),
-                            ("data wait %", "data_wait_pct", ".1f"),
-                        ],
-                    )
-                ),
-                flush=True,
-            )
-            save(dict(meta=meta(args), ddp=rows), args.json)
+            ddp_report(rows, args, world)
     except (Exception, KeyboardInterrupt):
         if (
             world > 1
@@ -1245,6 +1174,83 @@ def ddp_bench(args):
         raise
     finally:
         dist.destroy_process_group()
+
+
+def ddp_rows(args, rank, local_rank, world):
+    """Rows of each model on one GPU and on ``world``, synthetic and DALI-fed; a process outside a
+    measurement waits for the ones in it."""
+    rows = []
+    for model_name in args.models.split(","):
+        for gpus in sorted({1, world}):
+            for name, make in (
+                ("synthetic", synthetic_classify),
+                (
+                    "dali-mixed",
+                    partial(dali_classify, device_id=local_rank, shard_id=rank, num_shards=gpus),
+                ),
+            ):
+                if rank >= gpus:  # not in this measurement: wait for the ones that are
+                    dist.barrier()
+                    continue
+                model = getattr(torchvision.models, model_name)(
+                    weights=None, num_classes=1000
+                ).cuda()
+                model = model.to(memory_format=torch.channels_last)
+                optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+                if gpus > 1:  # all the processes: the default group
+                    model = torch.nn.parallel.DistributedDataParallel(
+                        model, device_ids=[local_rank]
+                    )
+                row = time_training(model_name, model, optimizer, name, make, args)
+                if gpus > 1:  # every process trained its own share: the job's rate is their sum
+                    total = torch.tensor([row["img_per_s"], row["data_wait_pct"]], device="cuda")
+                    dist.all_reduce(total)
+                    row["img_per_s"], row["data_wait_pct"] = (
+                        round(total[0].item(), 1),
+                        round(total[1].item() / gpus, 1),
+                    )
+                rows.append(dict(row, gpus=gpus))
+                del model, optimizer
+                torch.cuda.empty_cache()
+                dist.barrier()
+    return rows
+
+
+def ddp_report(rows, args, world):
+    """Rank 0's table: each row's share of the synthetic rate and its scaling over one GPU."""
+    for row in rows:
+        same = {
+            r["loader"]: r["img_per_s"]
+            for r in rows
+            if r["model"] == row["model"] and r["gpus"] == row["gpus"]
+        }
+        one = next(
+            r["img_per_s"]
+            for r in rows
+            if r["model"] == row["model"] and r["gpus"] == 1 and r["loader"] == row["loader"]
+        )
+        row["vs_synthetic"] = round(row["img_per_s"] / same["synthetic"], 3)
+        row["scaling"] = round(row["img_per_s"] / (row["gpus"] * one), 3)
+    print(
+        "\n".join(
+            table(
+                f"DDP: training img/s on 1 and {world} GPUs (bf16, channels_last, SGD, batch "
+                f"{args.batch_size} per GPU, {args.gpu_threads} DALI threads per process)",
+                rows,
+                [
+                    ("model", "model", ""),
+                    ("GPUs", "gpus", "d"),
+                    ("loader", "loader", ""),
+                    ("img/s", "img_per_s", ",.1f"),
+                    ("vs synthetic", "vs_synthetic", ".3f"),
+                    ("scaling", "scaling", ".3f"),
+                    ("data wait %", "data_wait_pct", ".1f"),
+                ],
+            )
+        ),
+        flush=True,
+    )
+    save(dict(meta=meta(args), ddp=rows), args.json)
 
 
 def guarded(row, measure, *args):
