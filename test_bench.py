@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from bench import SWEEP_HW_DECODER_LOADS, SWEEP_OPTIONS, SWEEP_THREADS
+from bench import SWEEP_HW_DECODER_LOADS, SWEEP_OPTIONS, SWEEP_THREADS, ddp_report, parse_args
 
 REPO = os.path.dirname(os.path.abspath(__file__))
 QUICK_IMAGES = 64
@@ -145,3 +145,25 @@ def test_auto_augment_adds_each_loader_with_the_policy(quick_run, tmp_path):
         rows = json.load(f)["classification"]
     assert [row["loader"] for row in rows] == ["dataloader", "dataloader-ta_wide"]
     assert all(row["img_per_s"] > 0 for row in rows)
+
+
+def test_ddp_report_gives_each_row_its_share_of_synthetic_and_its_scaling(tmp_path, capsys):
+    args = parse_args(["--quick", "--json", str(tmp_path / "ddp.json")])
+    args.gpu = False
+    rate = {("synthetic", 1): 1000.0, ("dali-mixed", 1): 900.0}
+    rate.update({("synthetic", 2): 1900.0, ("dali-mixed", 2): 1710.0})
+    rows = [
+        dict(model="resnet18", loader=loader, gpus=gpus, img_per_s=r, data_wait_pct=1.0)
+        for (loader, gpus), r in rate.items()
+    ]
+    ddp_report(rows, args, world=2)
+    shares = {(r["loader"], r["gpus"]): (r["vs_synthetic"], r["scaling"]) for r in rows}
+    assert shares == {
+        ("synthetic", 1): (1.0, 1.0),
+        ("dali-mixed", 1): (0.9, 1.0),
+        ("synthetic", 2): (1.0, 0.95),
+        ("dali-mixed", 2): (0.9, 0.95),
+    }
+    assert "DDP: training img/s on 1 and 2 GPUs" in capsys.readouterr().out
+    with open(tmp_path / "ddp.json") as f:
+        assert json.load(f)["ddp"] == rows
