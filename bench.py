@@ -73,6 +73,7 @@ from data_sources import (
 )
 from make_shards import make_shards
 from pipelines import (
+    AUTO_AUGMENT,
     DEFAULT_HW_DECODER_LOAD,
     IMAGENET_MEAN,
     IMAGENET_STD,
@@ -236,7 +237,7 @@ def parse_args(argv=None):
     )
     p.add_argument(
         "--auto-augment",
-        choices=["ta_wide", "ra", "imagenet"],
+        choices=list(AUTO_AUGMENT),
         help="also the mixed-decode (uncached and cached), CPU-only DALI and DataLoader loaders "
         "with this policy after the crop and flip (DALI's auto_aug; torchvision's transform)",
     )

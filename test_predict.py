@@ -15,7 +15,7 @@ from PIL import Image
 
 from data_processing import make_csv_file_npy
 from pipelines import SegmentPredictPipeline, fetch_dali_loader, predict_iterator, segment_iterator
-from test_train_classify import tiny_imagefolder
+from test_train_classify import assert_one_line_error, tiny_imagefolder
 from train_segment import UNet
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -34,15 +34,6 @@ def run(script, *flags, launcher=(sys.executable,), env=CPU_ENV):
         timeout=600,
         env=env,
     )
-
-
-def assert_one_line_error(proc, *needles):
-    assert proc.returncode == 2, proc.stderr
-    lines = proc.stderr.strip().splitlines()
-    errors = [line for line in lines if line.startswith("error: ")]
-    assert errors == lines[-1:] and "Traceback" not in proc.stderr, proc.stderr
-    for needle in needles:
-        assert needle in errors[0], errors[0]
 
 
 def write_images(root, images=IMAGES, seed=0):

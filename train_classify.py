@@ -477,8 +477,14 @@ def make_pipelines(args, world, dali_state, cache=None):
 
 def check_same_pipeline(saved, args):
     """A --resume run's training pipeline must be built as the checkpoint's was: DALI restores its
-    state only into the graph it came from (a policy, or random erasing, adds operators to it),
-    and the sampler's batches, or the reader's, go on."""
+    state only into the graph it came from (a policy, or random erasing, adds operators to it;
+    resizing progressively, an input), and the sampler's batches, or the reader's, go on."""
+    if bool(saved.get("progressive_resize")) != bool(args.progressive_resize):
+        had = "had" if saved.get("progressive_resize") else "had no"
+        raise UsageError(
+            f"--resume {args.resume}: its run {had} --progressive-resize; resume with it as it "
+            f"was, or --weights it"
+        )
     then, now = (a.get("ra_sampler") and a.get("ra_reps") for a in (saved, vars(args)))
     if then != now:
         raise UsageError(

@@ -689,14 +689,6 @@ def check_resumable(ckpt, args, classes, num_samples, world_size, digest):
             f"samples, this run has {world_size} x {args.batch_size} on {num_samples}; resume with "
             f"the same, so the remaining steps and samples are the same"
         )
-    # DALI restores a pipeline's state only into the graph it came from: resizing progressively
-    # adds an input to the training graph.
-    ramp = getattr(args, "progressive_resize", None)
-    if bool(saved.get("progressive_resize")) != bool(ramp):
-        had = "had" if saved.get("progressive_resize") else "had no"
-        raise UsageError(
-            f"{where}: its run {had} --progressive-resize; resume with it as it was, or --weights it"
-        )
     if digest and ckpt.get("data_digest", digest) != digest:
         raise UsageError(
             f"{where}: trained on other data (the names, sizes or ETags of the training files in "
