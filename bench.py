@@ -1458,7 +1458,7 @@ def classification_loaders(args):
         )
         for fmt in ("tfrecord", "wds")
     ]
-    # The decoder cache: whole images decoded once into a cache that holds them all, or half of them.
+    # The decoder cache: whole images decoded once into a cache that holds them all, half or a tenth.
     cache_mb = math.ceil(1.1 * decoded_size(ClassifyValPipeline(1, 1, None, args.data_dir)))
     loaders = (
         [
@@ -1480,6 +1480,12 @@ def classification_loaders(args):
                 "dali-mixed-half-cache",
                 partial(
                     dali_classify, device_id=0, output_layout="HWC", decoder_cache=cache_mb // 2
+                ),
+            ),
+            (
+                "dali-mixed-tenth-cache",
+                partial(
+                    dali_classify, device_id=0, output_layout="HWC", decoder_cache=cache_mb // 10
                 ),
             ),
         ]

@@ -84,6 +84,7 @@ def test_quick_run_reports_every_section(quick_run):
             "dali-mixed-full",
             "dali-mixed-cached",
             "dali-mixed-half-cache",
+            "dali-mixed-tenth-cache",
             "dali-mixed-tfrecord",
             "dali-mixed-wds",
             "nvidia-example",
