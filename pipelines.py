@@ -52,7 +52,8 @@ from data_sources import (
 IMAGENET_MEAN = (0.485 * 255, 0.456 * 255, 0.406 * 255)
 IMAGENET_STD = (0.229 * 255, 0.224 * 255, 0.225 * 255)
 # Share of JPEG decoding sent to the GPU's hardware decoder (the rest goes to CUDA cores and CPU
-# threads): all of it leaves the CPU to the training loop (measured in results/README.md).
+# threads): all of it gives the fastest loader alone, though without the decoder cache half of it fed
+# ResNets better (results/README.md, --hw-decoder-load 0.5).
 DEFAULT_HW_DECODER_LOAD = 1.0
 # Scratch memory the mixed decoder allocates up front so that it never reallocates mid-epoch; the
 # values of DALI's ResNet-50 example (enough for ImageNet's largest images).
