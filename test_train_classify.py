@@ -305,7 +305,8 @@ def final_weights(out):
 
 
 def kill_after_mid_epoch_checkpoint(cmd, out, epoch=1):
-    """Start ``cmd``, SIGKILL it as soon as it has saved a mid-epoch checkpoint in ``epoch``; returns that record."""
+    """Start ``cmd``, SIGKILL it as soon as it has saved a mid-epoch checkpoint in ``epoch``; returns the
+    checkpoint the kill left on disk: that one, or a later one if the kill came late."""
     proc = subprocess.Popen(
         cmd, cwd=HERE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=CPU_ENV
     )
@@ -317,7 +318,7 @@ def kill_after_mid_epoch_checkpoint(cmd, out, epoch=1):
         if saved:
             proc.send_signal(signal.SIGKILL)
             proc.wait()
-            return saved[0]
+            return torch.load(os.path.join(out, "checkpoint.pth"), weights_only=True)
         assert proc.poll() is None, f"run ended before a mid-epoch checkpoint: {proc.stderr.read()}"
         assert time.time() < deadline
         time.sleep(0.01)
@@ -327,11 +328,10 @@ def assert_resume_is_exact(script, data_flags, tmp_path, epoch=1):
     """An uninterrupted run and a run killed mid-``epoch`` then resumed end with the same weights."""
     whole, broken = str(tmp_path / "whole"), str(tmp_path / "broken")
     run(*data_flags, "--output-dir", whole, script=script)
-    saved = kill_after_mid_epoch_checkpoint(
+    ckpt = kill_after_mid_epoch_checkpoint(
         [sys.executable, script, *data_flags, "--output-dir", broken], broken, epoch
     )
-    ckpt = torch.load(os.path.join(broken, "checkpoint.pth"), weights_only=True)
-    assert 0 < ckpt["step"] < records(whole, "train")[0]["steps"] and saved["epoch"] == epoch
+    assert ckpt["epoch"] == epoch and 0 < ckpt["step"] < records(whole, "train")[0]["steps"]
     run(*data_flags, "--resume", os.path.join(broken, "checkpoint.pth"), script=script)
     (resumed,) = records(broken, "resume")
     assert (resumed["epoch"], resumed["step"]) == (ckpt["epoch"], ckpt["step"])
@@ -1582,9 +1582,7 @@ def test_resume_auto_continues_the_same_command_and_a_finished_run_is_not_traine
     run(*flags, "--output-dir", whole)
     assert records(whole, "resume") == []  # an empty folder: a fresh start
     command = [sys.executable, SCRIPT, *flags, "--output-dir", broken]
-    kill_after_mid_epoch_checkpoint(command, broken)
-    # the checkpoint the kill left: the first mid-epoch one, or a later one if the kill came late
-    ckpt = torch.load(os.path.join(broken, "checkpoint.pth"), weights_only=True)
+    ckpt = kill_after_mid_epoch_checkpoint(command, broken)
     assert (ckpt["epoch"], 0 < ckpt["step"] < records(whole, "train")[0]["steps"]) == (1, True)
     run(*flags, "--output-dir", broken)
     (resumed,) = records(broken, "resume")
