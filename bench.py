@@ -1472,22 +1472,17 @@ def classification_loaders(args):
                 "dali-mixed-full",
                 partial(dali_classify, device_id=0, output_layout="HWC", decoder_cache=0),
             ),
+        ]
+        + [
             (
-                "dali-mixed-cached",
-                partial(dali_classify, device_id=0, output_layout="HWC", decoder_cache=cache_mb),
-            ),
-            (
-                "dali-mixed-half-cache",
-                partial(
-                    dali_classify, device_id=0, output_layout="HWC", decoder_cache=cache_mb // 2
-                ),
-            ),
-            (
-                "dali-mixed-tenth-cache",
-                partial(
-                    dali_classify, device_id=0, output_layout="HWC", decoder_cache=cache_mb // 10
-                ),
-            ),
+                f"dali-mixed-{name}",
+                partial(dali_classify, device_id=0, output_layout="HWC", decoder_cache=mb),
+            )
+            for name, mb in (
+                ("cached", cache_mb),
+                ("half-cache", cache_mb // 2),
+                ("tenth-cache", cache_mb // 10),
+            )
         ]
         if args.gpu
         else []
