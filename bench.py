@@ -74,6 +74,7 @@ from data_sources import (
 from make_shards import make_shards
 from pipelines import (
     AUTO_AUGMENT,
+    CACHED_HW_DECODER_LOAD,
     DEFAULT_HW_DECODER_LOAD,
     IMAGENET_MEAN,
     IMAGENET_STD,
@@ -104,9 +105,12 @@ SWEEP_OPTIONS = (
     ("set_affinity", True),
 )
 # --against-example: our mixed-decode HWC loader with one setting of NVIDIA's ResNet-50 example at a
-# time (its crop's area and aspect ranges, DALI's default hw_decoder_load), or with another knob.
+# time (its crop's area and aspect ranges, DALI's default hw_decoder_load, CHW output), or with
+# another knob (every JPEG on the hardware decoder, ...).
 EXAMPLE_STEPS = (
     ("hw_decoder_load=0.65", dict(hw_decoder_load=0.65)),
+    ("hw_decoder_load=1.0", dict(hw_decoder_load=1.0)),
+    ("CHW", dict(output_layout="CHW")),
     ("example-crop", dict(random_area=(0.1, 1.0), random_aspect_ratio=(0.8, 1.25))),
     ("threads=16", dict(num_threads=16)),
     ("prefetch=3", dict(prefetch_queue_depth=3)),
@@ -251,9 +255,9 @@ def parse_args(argv=None):
         "--hw-decoder-load",
         metavar="F",
         type=float,
-        default=DEFAULT_HW_DECODER_LOAD,
-        help=f"share of JPEG decoding on the GPU's hardware decoder, for the mixed-decode "
-        f"pipeline (default: {DEFAULT_HW_DECODER_LOAD})",
+        help="share of JPEG decoding on the GPU's hardware decoder, for the mixed-decode "
+        f"pipelines (default: {DEFAULT_HW_DECODER_LOAD}, with the decoder cache "
+        f"{CACHED_HW_DECODER_LOAD}: pipelines.py)",
     )
     p.add_argument(
         "--prefetch-queue-depth",
@@ -788,11 +792,9 @@ class DecodePipeline(Pipeline):
         return self.decode(jpegs)
 
 
-def time_decoder(name, args, crop):
+def time_decoder(name, args, load, crop):
     """Images per second out of ``DecodePipeline``: ``Pipeline.run`` returns each batch decoded on the GPU."""
-    pipe = DecodePipeline(
-        args.batch_size, args.gpu_threads, args.data_dir, args.hw_decoder_load, crop
-    )
+    pipe = DecodePipeline(args.batch_size, args.gpu_threads, args.data_dir, load, crop)
     pipe.build()
     for _ in range(args.warmup):
         pipe.run()
@@ -1331,6 +1333,9 @@ def meta(args):
 def header_lines(report):
     m, d, s = report["meta"], report["dataset"], report["segmentation_dataset"]
     v, cfg = m["versions"], m["settings"]
+    load = cfg["hw_decoder_load"]
+    if load is None:
+        load = f"{DEFAULT_HW_DECODER_LOAD} (with the decoder cache {CACHED_HW_DECODER_LOAD})"
     return [
         f"date      {m['date']}",
         f"command   {m['command']}",
@@ -1339,7 +1344,7 @@ def header_lines(report):
         f"versions  python {v['python']} | DALI {v['dali']} | torch {v['torch']} | torchvision {v['torchvision']}",
         f"settings  batch {cfg['batch_size']} (segmentation {cfg['seg_batch_size']}) | workers = CPU-only DALI "
         f"threads {cfg['workers']} | GPU DALI threads {cfg['gpu_threads']} | warmup {cfg['warmup']} + up to "
-        f"{cfg['iters']} timed batches or {cfg['max_seconds']:g} s | hw_decoder_load {cfg['hw_decoder_load']} | "
+        f"{cfg['iters']} timed batches or {cfg['max_seconds']:g} s | hw_decoder_load {load} | "
         f"prefetch {cfg['prefetch_queue_depth']} | DALI_USE_NEW_THREAD_POOL "
         f"{'1' if cfg['dali_new_thread_pool'] else 'unset'}",
         f"images    {d['images']} JPEGs in {d['classes']} classes ({d['source']}, {d['path']}): mean "
@@ -1642,9 +1647,10 @@ def side_by_side(args):
         log(line)
 
     if args.gpu and not args.only:
-        log(f"decoder ceiling: mixed decode alone, hw_decoder_load {args.hw_decoder_load}")
+        load = DEFAULT_HW_DECODER_LOAD if args.hw_decoder_load is None else args.hw_decoder_load
+        log(f"decoder ceiling: mixed decode alone, hw_decoder_load {load}")
         report["decoder"] = [
-            guarded(dict(loader=name), time_decoder, name, args, crop)
+            guarded(dict(loader=name), time_decoder, name, args, load, crop)
             for name, crop in (("decode", False), ("crop-decode", True))
         ]
         save(report, args.json)

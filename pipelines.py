@@ -51,10 +51,13 @@ from data_sources import (
 # ImageNet statistics on the 0..255 scale that DALI's decoders produce.
 IMAGENET_MEAN = (0.485 * 255, 0.456 * 255, 0.406 * 255)
 IMAGENET_STD = (0.229 * 255, 0.224 * 255, 0.225 * 255)
-# Share of JPEG decoding sent to the GPU's hardware decoder (the rest goes to CUDA cores and CPU
-# threads): all of it gives the fastest loader alone, though without the decoder cache half of it fed
-# ResNets better (results/README.md, --hw-decoder-load 0.5).
-DEFAULT_HW_DECODER_LOAD = 1.0
+# Share of JPEG decoding sent to the GPU's hardware decoder; the rest goes to CPU threads and CUDA
+# cores, which decode only the crop's window. Without the decoder cache half of it fed ResNets
+# better than all of it, though all of it gives the faster loader alone (results/README.md). With
+# the decoder cache all of it goes there: a cache refilled after a resume meets each image at
+# another place in its batch, and one decoder decodes it as before.
+DEFAULT_HW_DECODER_LOAD = 0.5
+CACHED_HW_DECODER_LOAD = 1.0
 # Scratch memory the mixed decoder allocates up front so that it never reallocates mid-epoch; the
 # values of DALI's ResNet-50 example (enough for ImageNet's largest images).
 DEVICE_MEMORY_PADDING = 211025920
@@ -163,19 +166,19 @@ class _ClassifyPipeline(Pipeline):
         # EXIF orientation is not applied, as torchvision's PIL loader does not apply it.
         self.decoder_args = dict(adjust_orientation=False)
         self.decoder_device, self.device = "cpu", "cpu"
+        # decoder_cache (MB, on a GPU): whole images decoded once into DALI's GPU cache, where the
+        # next epochs find them; a per-process cache needs each process to keep its shard every
+        # epoch (stick_to_shard).
+        self.cached = device_id is not None and decoder_cache is not None
         if device_id is not None:
             self.decoder_device, self.device = "mixed", "gpu"
             if hw_decoder_load is None:
-                hw_decoder_load = DEFAULT_HW_DECODER_LOAD
+                hw_decoder_load = CACHED_HW_DECODER_LOAD if self.cached else DEFAULT_HW_DECODER_LOAD
             self.decoder_args.update(
                 hw_decoder_load=hw_decoder_load,
                 device_memory_padding=device_memory_padding,
                 host_memory_padding=host_memory_padding,
             )
-        # decoder_cache (MB, on a GPU): whole images decoded once into DALI's GPU cache, where the
-        # next epochs find them; a per-process cache needs each process to keep its shard every
-        # epoch (stick_to_shard).
-        self.cached = device_id is not None and decoder_cache is not None
         if self.cached:
             self.decoder_args.update(
                 cache_size=decoder_cache, cache_type="threshold", cache_threshold=0
@@ -196,11 +199,12 @@ class ClassifyTrainPipeline(_ClassifyPipeline):
     ``random_aspect_ratio``, ``auto_augment`` (``AUTO_AUGMENT``'s names), ``random_erase``,
     ``label_offset`` (subtracted from stored labels: 1 for TensorFlow's ImageNet TFRecords, which
     store 1..1000), ``num_classes``, ``classes`` (the training class names, which number a folder's
-    labels), ``hw_decoder_load`` (None: ``DEFAULT_HW_DECODER_LOAD``), the decoder's memory paddings,
-    ``decoder_cache`` (MB of GPU memory for decoded images; None: decode only the crop's window,
-    uncached), ``prefetch_queue_depth``, ``ra_reps`` and ``ra_seed`` (torchvision's repeated
-    augmentation, ``data_sources.RepeatedAugmentation``; 0: off); the rest goes to DALI's
-    ``Pipeline`` (``enable_checkpointing``, ``checkpoint``, ``exec_dynamic``, ...).
+    labels), ``hw_decoder_load`` (None: ``DEFAULT_HW_DECODER_LOAD``, or ``CACHED_HW_DECODER_LOAD``
+    with the cache), the decoder's memory paddings, ``decoder_cache`` (MB of GPU memory for decoded
+    images; None: decode only the crop's window, uncached), ``prefetch_queue_depth``, ``ra_reps``
+    and ``ra_seed`` (torchvision's repeated augmentation, ``data_sources.RepeatedAugmentation``; 0:
+    off); the rest goes to DALI's ``Pipeline`` (``enable_checkpointing``, ``checkpoint``,
+    ``exec_dynamic``, ...).
 
     ``crop_sizes`` (progressive resizing): a function from an epoch's index (0 for the pipeline's
     first; a pipeline restored from a checkpoint counts on from the checkpointed run's) to that

@@ -1133,6 +1133,26 @@ def test_unknown_mode(seg_files):
         fetch_dali_loader(*seg_files, batch_size=2, mode="predict")
 
 
+@pytest.mark.parametrize(
+    "pipeline, kwargs, load",
+    [
+        (ClassifyTrainPipeline, {}, 0.5),
+        (ClassifyTrainPipeline, dict(decoder_cache=64), 1.0),
+        (ClassifyTrainPipeline, dict(decoder_cache=64, hw_decoder_load=0.7), 0.7),
+        (ClassifyValPipeline, {}, 0.5),
+        (ClassifyValPipeline, dict(decoder_cache=64), 1.0),
+    ],
+)
+def test_the_hardware_decoders_share_is_half_and_all_with_the_cache(
+    solid_folder, pipeline, kwargs, load
+):
+    """Set up (not built, so no GPU needed) for device 0: the mixed decoder's arguments."""
+    pipe = pipeline(4, 1, 0, str(solid_folder), crop_size=24, **kwargs)
+    assert pipe.decoder_device == "mixed" and pipe.decoder_args["hw_decoder_load"] == load
+    cpu = pipeline(4, 1, None, str(solid_folder), crop_size=24, **kwargs)
+    assert cpu.decoder_device == "cpu" and "hw_decoder_load" not in cpu.decoder_args
+
+
 # ------------------------------------------------------------------------------------------
 # GPU
 # ------------------------------------------------------------------------------------------
