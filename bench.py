@@ -4,9 +4,9 @@ One run, on the same files, same batch size, DataLoader workers = threads of the
 (the pipelines on the GPU get --gpu-threads, 8 by default, as the trainers' -j):
 
   1. classification loaders, each delivering normalized float batches where training needs them (the
-     GPU when there is one): ``ClassifyTrainPipeline`` with mixed (GPU) decode, the same pipeline
-     CPU-only followed by ``.cuda()``, and torchvision ``ImageFolder`` + ``DataLoader`` doing
-     RandomResizedCrop(224), flip, ToTensor, Normalize followed by ``.cuda()``; beside them the
+     GPU when there is one): ``ClassifyTrainPipeline`` with mixed (GPU) decode, the same with the
+     decode on the CPU (``dali-cpu-decode-hwc``), the same pipeline CPU-only followed by
+     ``.cuda()``, and torchvision ``ImageFolder`` + ``DataLoader`` doing RandomResizedCrop(224), flip, ToTensor, Normalize followed by ``.cuda()``; beside them the
      training pipeline of NVIDIA's PyTorch ResNet-50 example, the peer (``nvidia-example``);
   2. segmentation loaders: ``SegmentTrainPipeline`` (GPU and CPU-only) against a torch ``Dataset`` +
      ``DataLoader`` doing the same augmentations on the CPU;
@@ -1453,8 +1453,8 @@ def save(report, path):
 
 def classification_loaders(args):
     """(name, loader) rows of the classification section, --auto-augment's and --only's choices
-    applied: on a GPU, mixed decode (output forms, the decoder cache, the peer); the shard layouts;
-    CPU-only DALI, the peer on the CPU, and the DataLoader."""
+    applied: on a GPU, mixed decode (output forms, the decoder cache, the peer) and the CPU's decode;
+    the shard layouts; CPU-only DALI, the peer on the CPU, and the DataLoader."""
     device_id = 0 if args.gpu else None
     shards = [
         (
@@ -1472,6 +1472,10 @@ def classification_loaders(args):
             (
                 "dali-mixed-hwc-fp16",
                 partial(dali_classify, device_id=0, output_layout="HWC", dtype="float16"),
+            ),
+            (
+                "dali-cpu-decode-hwc",
+                partial(dali_classify, device_id=0, output_layout="HWC", decoder="cpu"),
             ),
             (
                 "dali-mixed-full",

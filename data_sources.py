@@ -1161,6 +1161,8 @@ def plan_decoder_cache(mode, pipes, free_mb):
     why = None
     if remote(pipes[0].read.data_dir):  # the estimate reads a sample of the images from Python
         why = "not for data in object storage, whose images it cannot sample"
+    elif pipes[0].decoder_device == "cpu":
+        why = "not with --decoder cpu: DALI caches what its GPU decoder decodes"
     elif pipes[0].read.ra:  # a process's share changes every epoch: a cache of it would miss
         why = "not with --ra-sampler, whose processes read other images every epoch"
     if why:

@@ -110,6 +110,7 @@ class _ClassifyPipeline(Pipeline):
         device_memory_padding=DEVICE_MEMORY_PADDING,
         host_memory_padding=HOST_MEMORY_PADDING,
         decoder_cache=None,
+        decoder="mixed",
         prefetch_queue_depth=2,
         ra_reps=0,
         ra_seed=0,
@@ -128,7 +129,12 @@ class _ClassifyPipeline(Pipeline):
         positive_int("batch_size", batch_size)
         positive_int("crop_size", crop_size)
         self.build_decoder_args(
-            device_id, hw_decoder_load, device_memory_padding, host_memory_padding, decoder_cache
+            device_id,
+            decoder,
+            hw_decoder_load,
+            device_memory_padding,
+            host_memory_padding,
+            decoder_cache,
         )
         self.read = ClassifyReader(
             data_dir,
@@ -159,8 +165,21 @@ class _ClassifyPipeline(Pipeline):
         )
         self.normalize = ops.CropMirrorNormalize(crop=(crop_size, crop_size), **self.normalize_args)
 
+    def decoded(self, jpegs):
+        """``jpegs`` decoded, on the device of the operators after the decoder."""
+        images = self.decode(jpegs)
+        if self.decoder_device == "cpu" and self.device == "gpu":
+            return images.gpu()
+        return images
+
     def build_decoder_args(
-        self, device_id, hw_decoder_load, device_memory_padding, host_memory_padding, decoder_cache
+        self,
+        device_id,
+        decoder,
+        hw_decoder_load,
+        device_memory_padding,
+        host_memory_padding,
+        decoder_cache,
     ):
         """Where the decoder and the other operators run, and the decoder's arguments."""
         # EXIF orientation is not applied, as torchvision's PIL loader does not apply it.
@@ -170,8 +189,18 @@ class _ClassifyPipeline(Pipeline):
         # next epochs find them; a per-process cache needs each process to keep its shard every
         # epoch (stick_to_shard).
         self.cached = device_id is not None and decoder_cache is not None
+        # decoder "cpu" on a GPU: DALI's threads decode, the decoded crop is copied to the GPU, and
+        # no decoding kernel runs beside the model's; enough for a model slower than the CPU's
+        # decode (results/README.md).
+        decoder = choice("decoder", decoder, {"mixed": "mixed", "cpu": "cpu"})
+        if self.cached and decoder == "cpu":
+            raise ValueError(
+                "decoder_cache needs decoder='mixed' (DALI caches what its GPU decoder decodes), "
+                "got decoder='cpu'"
+            )
         if device_id is not None:
-            self.decoder_device, self.device = "mixed", "gpu"
+            self.decoder_device, self.device = decoder, "gpu"
+        if self.decoder_device == "mixed":
             if hw_decoder_load is None:
                 hw_decoder_load = CACHED_HW_DECODER_LOAD if self.cached else DEFAULT_HW_DECODER_LOAD
             self.decoder_args.update(
@@ -201,7 +230,9 @@ class ClassifyTrainPipeline(_ClassifyPipeline):
     store 1..1000), ``num_classes``, ``classes`` (the training class names, which number a folder's
     labels), ``hw_decoder_load`` (None: ``DEFAULT_HW_DECODER_LOAD``, or ``CACHED_HW_DECODER_LOAD``
     with the cache), the decoder's memory paddings, ``decoder_cache`` (MB of GPU memory for decoded
-    images; None: decode only the crop's window, uncached), ``prefetch_queue_depth``, ``ra_reps``
+    images; None: decode only the crop's window, uncached), ``decoder`` ("mixed": on the GPU, its
+    hardware decoder taking ``hw_decoder_load``; "cpu": on DALI's threads, the crop then copied to
+    the GPU; a CPU-only pipeline decodes on the CPU either way), ``prefetch_queue_depth``, ``ra_reps``
     and ``ra_seed`` (torchvision's repeated augmentation, ``data_sources.RepeatedAugmentation``; 0:
     off); the rest goes to DALI's ``Pipeline`` (``enable_checkpointing``, ``checkpoint``,
     ``exec_dynamic``, ...).
@@ -286,7 +317,7 @@ class ClassifyTrainPipeline(_ClassifyPipeline):
 
     def define_graph(self):
         jpegs, labels = self.read()
-        images = self.decode(jpegs)
+        images = self.decoded(jpegs)
         images = self.resize(images)
         if self.crop_sizes is not None:
             images = self.resize_to_epoch(images, self.crop_size_source())
@@ -413,7 +444,7 @@ class ClassifyValPipeline(_ClassifyPipeline):
 
     def define_graph(self):
         jpegs, labels = self.read()
-        images = self.decode(jpegs)
+        images = self.decoded(jpegs)
         images = self.resize(images)
         images = self.normalize(images)
         return images, labels

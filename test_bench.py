@@ -81,6 +81,7 @@ def test_quick_run_reports_every_section(quick_run):
             "dali-mixed",
             "dali-mixed-hwc",
             "dali-mixed-hwc-fp16",
+            "dali-cpu-decode-hwc",
             "dali-mixed-full",
             "dali-mixed-cached",
             "dali-mixed-half-cache",

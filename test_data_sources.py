@@ -627,6 +627,7 @@ def test_the_decoder_cache_plan_holds_what_fits(texture_folder):
     # the plan of a pipeline on a GPU: what it reads is the same
     on_gpu = SimpleNamespace(**{k: getattr(val, k) for k in ("read", "files", "layout")})
     on_gpu.device_id, on_gpu.num_samples, on_gpu.num_shards = 0, val.num_samples, 1
+    on_gpu.decoder_device = "mixed"
     need = 1.1 * data_sources.decoded_size(val)
     whole = math.ceil(need)
     plan = functools.partial(data_sources.plan_decoder_cache, pipes=[on_gpu])
@@ -648,6 +649,18 @@ def test_the_decoder_cache_plan_holds_what_fits(texture_folder):
         f"decoder cache on, about 50% ({need / 2})"
     )
     assert plan(10**6, free_mb=1)[0] == whole
+
+
+def test_the_decoder_cache_is_off_with_the_cpu_decoder(texture_folder):
+    # set up for device 0, not built: no GPU needed
+    pipe = ClassifyTrainPipeline(2, 1, 0, str(texture_folder), decoder="cpu")
+    why = "not with --decoder cpu: DALI caches what its GPU decoder decodes"
+    assert data_sources.plan_decoder_cache("auto", [pipe], 80 * 1024) == (
+        None,
+        f"decoder cache off (auto): {why}",
+    )
+    with pytest.raises(DataError, match=re.escape(f"--decoder-cache on: {why}; pass auto or off")):
+        data_sources.plan_decoder_cache("on", [pipe], 80 * 1024)
 
 
 # ------------------------------------------------------------------------------------------

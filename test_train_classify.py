@@ -442,6 +442,7 @@ def test_resume_turning_progressive_resize_on_is_refused(tmp_path):
     [
         (["--auto-augment", "ta_wide"], [], "--auto-augment ta_wide, this run has off"),
         ([], ["--random-erase", "0.25"], "--random-erase off, this run has 0.25"),
+        (["--decoder", "cpu"], [], "--decoder cpu, this run has mixed"),
     ],
 )
 def test_resume_with_another_pipeline_graph_is_refused(tmp_path, first, then, told):

@@ -107,6 +107,14 @@ def get_args_parser():
     )
     flags.add_loader_flags(g)
     g.add_argument(
+        "--decoder",
+        choices=["mixed", "cpu"],
+        default="mixed",
+        help="where a GPU run decodes the JPEGs: mixed (the GPU, with its hardware decoder) or cpu "
+        "(the -j DALI threads; the GPU then runs only the model and the resize: for models slower "
+        "than the CPU's decode, such as ResNet-50 with 8 threads, see results/README.md)",
+    )
+    g.add_argument(
         "--hw-decoder-load",
         type=flags.probability,
         help="share of JPEGs for the GPU's hardware decoder (default: pipelines.py's "
@@ -370,6 +378,7 @@ def predict(args, world):
         resize_size=args.val_resize_size,
         shard_id=world.rank,
         num_shards=world.size,
+        decoder=args.decoder,
         hw_decoder_load=args.hw_decoder_load,
     )
     rows, top_k = [], min(5, len(classes))
@@ -431,6 +440,7 @@ def make_pipelines(args, world, dali_state, cache=None):
         shard_id=world.rank,
         num_shards=world.size,
         seed=args.seed + world.rank,
+        decoder=args.decoder,
         hw_decoder_load=args.hw_decoder_load,
         label_offset=args.label_offset,
         num_classes=args.num_classes,
@@ -478,7 +488,8 @@ def make_pipelines(args, world, dali_state, cache=None):
 def check_same_pipeline(saved, args):
     """A --resume run's training pipeline must be built as the checkpoint's was: DALI restores its
     state only into the graph it came from (a policy, or random erasing, adds operators to it;
-    resizing progressively, an input), and the sampler's batches, or the reader's, go on."""
+    --decoder moves one to another device; resizing progressively, an input), and the sampler's
+    batches, or the reader's, go on."""
     if bool(saved.get("progressive_resize")) != bool(args.progressive_resize):
         had = "had" if saved.get("progressive_resize") else "had no"
         raise UsageError(
@@ -490,6 +501,12 @@ def check_same_pipeline(saved, args):
         raise UsageError(
             f"--resume {args.resume}: taken with --ra-reps {then or 'off'}, this run has "
             f"{now or 'off'}; resume with the same, so the remaining batches are the same"
+        )
+    then = saved.get("decoder") or "mixed"  # a checkpoint from before --decoder: mixed
+    if then != args.decoder:
+        raise UsageError(
+            f"--resume {args.resume}: taken with --decoder {then}, this run has {args.decoder}; "
+            f"resume with the same, or --weights it"
         )
     for flag, kind in (("auto_augment", str), ("random_erase", bool)):
         then, now = saved.get(flag), getattr(args, flag)
