@@ -6,8 +6,9 @@ One run, on the same files, same batch size, DataLoader workers = threads of the
   1. classification loaders, each delivering normalized float batches where training needs them (the
      GPU when there is one): ``ClassifyTrainPipeline`` with mixed (GPU) decode, the same with the
      decode on the CPU (``dali-cpu-decode-hwc``), the same pipeline CPU-only followed by
-     ``.cuda()``, and torchvision ``ImageFolder`` + ``DataLoader`` doing RandomResizedCrop(224), flip, ToTensor, Normalize followed by ``.cuda()``; beside them the
-     training pipeline of NVIDIA's PyTorch ResNet-50 example, the peer (``nvidia-example``);
+     ``.cuda()``, and torchvision ``ImageFolder`` + ``DataLoader`` doing RandomResizedCrop(224),
+     flip, ToTensor, Normalize followed by ``.cuda()``; beside them the training pipeline of
+     NVIDIA's PyTorch ResNet-50 example, the peer (``nvidia-example``);
   2. segmentation loaders: ``SegmentTrainPipeline`` (GPU and CPU-only) against a torch ``Dataset`` +
      ``DataLoader`` doing the same augmentations on the CPU;
   3. end to end (GPU only): training steps of torchvision ResNets fed by each classification loader,

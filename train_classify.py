@@ -502,14 +502,13 @@ def check_same_pipeline(saved, args):
             f"--resume {args.resume}: taken with --ra-reps {then or 'off'}, this run has "
             f"{now or 'off'}; resume with the same, so the remaining batches are the same"
         )
-    then = saved.get("decoder") or "mixed"  # a checkpoint from before --decoder: mixed
-    if then != args.decoder:
-        raise UsageError(
-            f"--resume {args.resume}: taken with --decoder {then}, this run has {args.decoder}; "
-            f"resume with the same, or --weights it"
-        )
-    for flag, kind in (("auto_augment", str), ("random_erase", bool)):
-        then, now = saved.get(flag), getattr(args, flag)
+    # missing: the flag's value in a checkpoint taken before the flag existed
+    for flag, kind, missing in (
+        ("auto_augment", str, None),
+        ("random_erase", bool, None),
+        ("decoder", str, "mixed"),
+    ):
+        then, now = saved.get(flag, missing), getattr(args, flag)
         if kind(then or "") != kind(now or ""):
             raise UsageError(
                 f"--resume {args.resume}: taken with --{flag.replace('_', '-')} {then or 'off'}, "
