@@ -1171,18 +1171,22 @@ def images_graph(pipe):
     [(ClassifyTrainPipeline, "ImageRandomCrop"), (ClassifyValPipeline, "Image")],
 )
 @pytest.mark.parametrize("decoder", ["mixed", "cpu"])
+@pytest.mark.parametrize(
+    "layout, reader", [("folder", "File"), ("tfrecord", "TFRecord"), ("wds", "Webdataset")]
+)
 def test_the_decoder_runs_where_asked_and_the_rest_on_the_gpu(
-    solid_folder, pipeline, decode, decoder
+    split_root, pipeline, decode, decoder, layout, reader
 ):
-    pipe = pipeline(4, 1, 0, str(solid_folder), crop_size=24, decoder=decoder)
+    data = split_root if layout == "folder" else to_shards(split_root, layout)
+    pipe = pipeline(4, 1, 0, str(data / "train"), crop_size=24, decoder=decoder)
     assert images_graph(pipe) == [
         ("CropMirrorNormalize", "gpu"),
         ("Resize", "gpu"),
         (decode, decoder),
-        ("File", "cpu"),
+        (reader, "cpu"),
     ]
     assert ("hw_decoder_load" in pipe.decoder_args) == (decoder == "mixed")
-    cpu = pipeline(4, 1, None, str(solid_folder), crop_size=24, decoder=decoder)
+    cpu = pipeline(4, 1, None, str(data / "train"), crop_size=24, decoder=decoder)
     assert {device for _, device in images_graph(cpu)} == {"cpu"}
 
 

@@ -198,9 +198,10 @@ gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA dev
 
 
 @gpu
-def test_mixed_decode_on_the_gpu_of_s3_bytes_gives_the_batches_of_local_disk(sets):
+@pytest.mark.parametrize("decoder", ["mixed", "cpu"])
+def test_mixed_decode_on_the_gpu_of_s3_bytes_gives_the_batches_of_local_disk(sets, decoder):
     local, url = sets["tfrecord"]
-    args = dict(num_threads=2, device_id=0, crop_size=32, seed=7)
+    args = dict(num_threads=2, device_id=0, crop_size=32, seed=7, decoder=decoder)
     pipes = [
         pipelines.ClassifyTrainPipeline(4, data_dir=os.path.join(d, "train"), **args)
         for d in (local, url)
