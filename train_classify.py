@@ -117,8 +117,8 @@ def get_args_parser():
     g.add_argument(
         "--hw-decoder-load",
         type=flags.probability,
-        help="share of JPEGs for the GPU's hardware decoder (default: pipelines.py's "
-        "DEFAULT_HW_DECODER_LOAD, or CACHED_HW_DECODER_LOAD with the decoder cache)",
+        help="share of JPEGs for the GPU's hardware decoder, with --decoder mixed (default: "
+        "pipelines.py's DEFAULT_HW_DECODER_LOAD, or CACHED_HW_DECODER_LOAD with the decoder cache)",
     )
     g.add_argument(
         "--decoder-cache",
