@@ -1534,7 +1534,7 @@ def end_to_end(args, loaders, report):
         for name, make in [("synthetic", synthetic_classify)] + [
             loader
             for loader in loaders
-            if loader[0].startswith(("dali-mixed", "nvidia-example"))
+            if loader[0].startswith(("dali-mixed", "dali-cpu-decode", "nvidia-example"))
             and not loader[0].endswith("-cpu")
         ]:
             report["end_to_end"].append(
