@@ -199,7 +199,7 @@ gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA dev
 
 @gpu
 @pytest.mark.parametrize("decoder", ["mixed", "cpu"])
-def test_mixed_decode_on_the_gpu_of_s3_bytes_gives_the_batches_of_local_disk(sets, decoder):
+def test_gpu_pipeline_on_s3_bytes_gives_the_batches_of_local_disk(sets, decoder):
     local, url = sets["tfrecord"]
     args = dict(num_threads=2, device_id=0, crop_size=32, seed=7, decoder=decoder)
     pipes = [
