@@ -52,11 +52,12 @@ from data_sources import (
 IMAGENET_MEAN = (0.485 * 255, 0.456 * 255, 0.406 * 255)
 IMAGENET_STD = (0.229 * 255, 0.224 * 255, 0.225 * 255)
 # Share of JPEG decoding sent to the GPU's hardware decoder; the rest goes to CPU threads and CUDA
-# cores, which decode only the crop's window. About a third of it fed ResNets better than half or
-# all of it, though all of it gives the faster loader alone; with fewer CPU cores per GPU, raise it
+# cores, which decode only the crop's window. DALI's own default: it fed ResNet-18 within about a
+# point of the best share on machines with fast and with slow CPUs. A third fed it better where the
+# cores were many and fast, and far worse where they were slower: lower it only on such machines
 # (results/README.md). With the decoder cache all of it goes there: a cache refilled after a resume
 # meets each image at another place in its batch, and one decoder decodes it as before.
-DEFAULT_HW_DECODER_LOAD = 0.35
+DEFAULT_HW_DECODER_LOAD = 0.65
 CACHED_HW_DECODER_LOAD = 1.0
 # Scratch memory the mixed decoder allocates up front so that it never reallocates mid-epoch; the
 # values of DALI's ResNet-50 example (enough for ImageNet's largest images).

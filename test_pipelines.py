@@ -1136,14 +1136,14 @@ def test_unknown_mode(seg_files):
 @pytest.mark.parametrize(
     "pipeline, kwargs, load",
     [
-        (ClassifyTrainPipeline, {}, 0.35),
+        (ClassifyTrainPipeline, {}, 0.65),
         (ClassifyTrainPipeline, dict(decoder_cache=64), 1.0),
         (ClassifyTrainPipeline, dict(decoder_cache=64, hw_decoder_load=0.7), 0.7),
-        (ClassifyValPipeline, {}, 0.35),
+        (ClassifyValPipeline, {}, 0.65),
         (ClassifyValPipeline, dict(decoder_cache=64), 1.0),
     ],
 )
-def test_the_hardware_decoders_share_is_a_third_and_all_with_the_cache(
+def test_the_hardware_decoders_share_is_dalis_default_and_all_with_the_cache(
     solid_folder, pipeline, kwargs, load
 ):
     """Set up (not built, so no GPU needed) for device 0: the mixed decoder's arguments."""
