@@ -52,9 +52,9 @@ from data_sources import (
 IMAGENET_MEAN = (0.485 * 255, 0.456 * 255, 0.406 * 255)
 IMAGENET_STD = (0.229 * 255, 0.224 * 255, 0.225 * 255)
 # Share of JPEG decoding sent to the GPU's hardware decoder; the rest goes to CPU threads and CUDA
-# cores, which decode only the crop's window. DALI's own default: it fed ResNet-18 within about a
-# point of the best share on machines with fast and with slow CPUs. A third fed it better where the
-# cores were many and fast, and far worse where they were slower: lower it only on such machines
+# cores, which decode only the crop's window. DALI's own default: it fed ResNet-18 within a point of
+# the best share on two machines whose CPUs differed. A third fed it three points better where the
+# cores were many and fast, and eleven worse where they were slower: lower it only on such machines
 # (results/README.md). With the decoder cache all of it goes there: a cache refilled after a resume
 # meets each image at another place in its batch, and one decoder decodes it as before.
 DEFAULT_HW_DECODER_LOAD = 0.65
