@@ -81,12 +81,14 @@ CROP_ATTEMPTS = 100
 class _ClassifyPipeline(Pipeline):
     """What the two classification pipelines share: the reader (``ClassifyReader``: an ImageFolder
     tree, a DALI file_list, TFRecord files or WebDataset tars), where the decoder and the other
-    operators run, and the final normalization with ImageNet mean/std.
+    operators run, and the normalization with ImageNet mean/std.
 
     Attributes for the trainer: ``layout`` ("folder" for a tree or a file_list, "tfrecord", "wds"),
     ``classes`` (class names in index order, or None when unknown), ``num_classes`` (or None),
     ``num_samples`` (the whole split, all shards), ``files`` (image files or shards, for
-    ``find_undecodable``), ``output_layout``.
+    ``find_undecodable``), ``output_layout``, and ``graph``: the options that decide which operators
+    the graph holds. DALI restores a checkpoint only into the graph it was taken from, so a
+    checkpoint keeps this record and a resume compares it (``training.check_same_graph``).
     """
 
     def __init__(
@@ -129,13 +131,17 @@ class _ClassifyPipeline(Pipeline):
         # Arguments are checked once the Pipeline exists: a half-built one cannot be cleaned up.
         positive_int("batch_size", batch_size)
         positive_int("crop_size", crop_size)
-        self.build_decoder_args(
-            device_id,
-            decoder,
+        # decoder_cache (MB, on a GPU): whole images decoded once into DALI's GPU cache, where the
+        # next epochs find them; a per-process cache needs each process to keep its shard every
+        # epoch (stick_to_shard).
+        self.cached = device_id is not None and decoder_cache is not None
+        self.decoder_device, self.device = placement(device_id, decoder, self.cached)
+        self.decoder_args = decoder_arguments(
+            self.decoder_device,
             hw_decoder_load,
             device_memory_padding,
             host_memory_padding,
-            decoder_cache,
+            decoder_cache if self.cached else None,
         )
         self.read = ClassifyReader(
             data_dir,
@@ -156,15 +162,8 @@ class _ClassifyPipeline(Pipeline):
         self.num_classes, self.num_samples = self.read.num_classes, self.read.num_samples
         self.num_shards = num_shards
         self.output_layout = choice("output_layout", output_layout, {"CHW": "CHW", "HWC": "HWC"})
-        dtype = choice("dtype", dtype, {"float32": types.FLOAT, "float16": types.FLOAT16})
-        self.normalize_args = dict(
-            device=self.device,
-            dtype=dtype,
-            output_layout=output_layout,
-            mean=list(IMAGENET_MEAN),
-            std=list(IMAGENET_STD),
-        )
-        self.normalize = ops.CropMirrorNormalize(crop=(crop_size, crop_size), **self.normalize_args)
+        self.dtype = choice("dtype", dtype, {"float32": types.FLOAT, "float16": types.FLOAT16})
+        self.graph = dict(dali_device=self.device, decoder=decoder, ra_reps=ra_reps)
 
     def decoded(self, jpegs):
         """``jpegs`` decoded, on the device of the operators after the decoder."""
@@ -173,46 +172,16 @@ class _ClassifyPipeline(Pipeline):
             return images.gpu()
         return images
 
-    def build_decoder_args(
-        self,
-        device_id,
-        decoder,
-        hw_decoder_load,
-        device_memory_padding,
-        host_memory_padding,
-        decoder_cache,
-    ):
-        """Where the decoder and the other operators run, and the decoder's arguments."""
-        # EXIF orientation is not applied, as torchvision's PIL loader does not apply it.
-        self.decoder_args = dict(adjust_orientation=False)
-        self.decoder_device, self.device = "cpu", "cpu"
-        # decoder_cache (MB, on a GPU): whole images decoded once into DALI's GPU cache, where the
-        # next epochs find them; a per-process cache needs each process to keep its shard every
-        # epoch (stick_to_shard).
-        self.cached = device_id is not None and decoder_cache is not None
-        # decoder "cpu" on a GPU: DALI's threads decode, the decoded crop is copied to the GPU, and
-        # no decoding kernel runs beside the model's; enough for a model slower than the CPU's
-        # decode (results/README.md).
-        decoder = choice("decoder", decoder, {"mixed": "mixed", "cpu": "cpu"})
-        if self.cached and decoder == "cpu":
-            raise ValueError(
-                "decoder_cache needs decoder='mixed' (DALI caches what its GPU decoder decodes), "
-                "got decoder='cpu'"
-            )
-        if device_id is not None:
-            self.decoder_device, self.device = decoder, "gpu"
-        if self.decoder_device == "mixed":
-            if hw_decoder_load is None:
-                hw_decoder_load = CACHED_HW_DECODER_LOAD if self.cached else DEFAULT_HW_DECODER_LOAD
-            self.decoder_args.update(
-                hw_decoder_load=hw_decoder_load,
-                device_memory_padding=device_memory_padding,
-                host_memory_padding=host_memory_padding,
-            )
-        if self.cached:
-            self.decoder_args.update(
-                cache_size=decoder_cache, cache_type="threshold", cache_threshold=0
-            )
+    def imagenet_normalize(self, dtype, **crop):
+        """CropMirrorNormalize with ImageNet's mean and std, into ``dtype`` and ``output_layout``."""
+        return ops.CropMirrorNormalize(
+            device=self.device,
+            dtype=dtype,
+            output_layout=self.output_layout,
+            mean=list(IMAGENET_MEAN),
+            std=list(IMAGENET_STD),
+            **crop,
+        )
 
 
 class ClassifyTrainPipeline(_ClassifyPipeline):
@@ -254,7 +223,6 @@ class ClassifyTrainPipeline(_ClassifyPipeline):
         data_dir=None,
         *,
         crop_size=224,
-        dtype="float32",
         random_area=RANDOM_AREA,
         random_aspect_ratio=RANDOM_ASPECT_RATIO,
         auto_augment=None,
@@ -262,10 +230,6 @@ class ClassifyTrainPipeline(_ClassifyPipeline):
         crop_sizes=None,
         **kwargs,
     ):
-        # DALI's GPU Erase has no float16 kernel: erase the float32 image, then cast it.
-        cast_after_erase = random_erase and dtype == "float16"
-        if cast_after_erase:
-            dtype = "float32"
         super().__init__(
             batch_size,
             num_threads,
@@ -273,67 +237,82 @@ class ClassifyTrainPipeline(_ClassifyPipeline):
             data_dir,
             shuffle=True,
             crop_size=crop_size,
-            dtype=dtype,
             **kwargs,
         )
         probability("random_erase", random_erase)
         value_range("random_area", random_area, high=1.0)
         value_range("random_aspect_ratio", random_aspect_ratio)
+        self.crop_sizes = crop_sizes
+        self.graph.update(
+            auto_augment=auto_augment,
+            random_erase=bool(random_erase),
+            progressive_resize=crop_sizes is not None,
+        )
+        size = [crop_size, crop_size]
         crop = dict(
             random_area=list(random_area),
             random_aspect_ratio=list(random_aspect_ratio),
             num_attempts=CROP_ATTEMPTS,
         )
-        size = (crop_size, crop_size)
-        if self.cached:
-            # the whole image, cached, then the random crop of it on the GPU: the same distribution
+        if self.cached:  # the whole image, cached, then the random crop of it on the GPU
             self.decode = ops.decoders.Image(
                 device="mixed", output_type=types.RGB, **self.decoder_args
             )
-            self.resize = ops.RandomResizedCrop(
-                device="gpu",
-                size=list(size),
-                **crop,
-                interp_type=types.INTERP_TRIANGULAR,
-                antialias=True,
+            self.crop = ops.RandomResizedCrop(
+                device="gpu", size=size, **crop, interp_type=types.INTERP_TRIANGULAR, antialias=True
             )
-        else:
-            # decoding only the random crop's window saves work on large images
+        else:  # decoding only the random crop's window saves work on large images
             self.decode = ops.decoders.ImageRandomCrop(
                 device=self.decoder_device, output_type=types.RGB, **crop, **self.decoder_args
             )
-            self.resize = antialiased_resize(device_id, num_threads, size)
-        self.crop_sizes = crop_sizes
         if crop_sizes is not None:
-            self.build_progressive(device_id, num_threads)
+            # The size comes into the graph as an input read every batch, not as an operator's
+            # fixed argument: the one pipeline (and its decoder cache) serves every epoch. A cached
+            # image's crop, at crop_size, is resized again to the epoch's.
+            self.epoch_crop_size = ops.ExternalSource(
+                source=self.batch_crop_sizes, batch=True, batch_info=True
+            )
+            self.resize = antialiased_resize(device_id, num_threads, None)
+        elif not self.cached:
+            self.resize = antialiased_resize(device_id, num_threads, size)
         self.flip = ops.random.CoinFlip(probability=0.5)
-        self.augment = lambda images, mirror: (images, mirror)
         if auto_augment is not None:
             self.build_auto_augment(auto_augment, crop_size)
-        self.erase = unchanged
+        # DALI's GPU Erase has no float16 kernel: erase the float32 image, then cast it.
+        cast_after_erase = random_erase and self.dtype == types.FLOAT16
+        dtype = types.FLOAT if cast_after_erase else self.dtype
+        if crop_sizes is None:
+            self.normalize = self.imagenet_normalize(dtype, crop=size)
+        else:  # nothing left to crop: the crop was resized to the epoch's size
+            self.normalize = self.imagenet_normalize(dtype)
         if random_erase:
             self.build_erase(random_erase, cast_after_erase)
         if auto_augment is not None:
             self.define_with_conditionals()
 
     def define_graph(self):
+        graph = self.graph  # the options that decide which steps run
         jpegs, labels = self.read()
-        images = self.decoded(jpegs)
-        images = self.resize(images)
-        if self.crop_sizes is not None:
-            images = self.resize_to_epoch(images, self.crop_size_source())
-        images, mirror = self.augment(images, self.flip())
+        images = self.decoded(jpegs)  # the random crop's window; with the cache, the whole image
+        if self.cached:
+            images = self.crop(images)
+        if graph["progressive_resize"]:
+            images = self.resize(images, self.epoch_crop_size())
+        elif not self.cached:
+            images = self.resize(images)
+        mirror = self.flip()
+        if graph["auto_augment"] is not None:
+            images, mirror = self.flip_and_auto_augment(images, mirror), 0
         images = self.normalize(images, mirror=mirror)
-        images = self.erase(images)
+        if graph["random_erase"]:
+            images = self.erase_random_box(images)
         return images, labels
 
     def build_auto_augment(self, name, crop_size):
-        self.augment = self.flip_and_auto_augment
         self.policy, self.crop_size = choice("auto_augment", name, AUTO_AUGMENT), crop_size
         # torchvision's order: flip, then the policy, on uint8 HWC images (the CPU resize gives
         # CHW).
         self.flip_op = ops.Flip(device=self.device)
-        self.to_hwc = unchanged
         if self.device == "cpu":
             self.to_hwc = ops.Transpose(perm=[1, 2, 0], output_layout="HWC")
 
@@ -349,44 +328,32 @@ class ClassifyTrainPipeline(_ClassifyPipeline):
         dali_pipeline._generate_graph(self, define_graph, (), {})
 
     def flip_and_auto_augment(self, images, mirror):
-        images = self.to_hwc(self.flip_op(images, horizontal=mirror))
-        return self.policy(self.crop_size, images), 0
-
-    def build_progressive(self, device_id, num_threads):
-        # The size comes into the graph as an input read every batch, not as an operator's fixed
-        # argument: the one pipeline (and its decoder cache) serves every epoch. DALI's checkpoint
-        # holds the batch count that this callback is given, so a resumed pipeline goes on with
-        # the sizes of the epoch it stopped in.
-        shard = math.ceil(self.num_samples / self.num_shards)
-        self.epoch_batches = math.ceil(shard / self.max_batch_size)  # whole batches, see repeats
-        if self.read.ra:  # repeated augmentation's epochs are its own number of batches
-            self.epoch_batches = self.read.ra.steps
-        self.crop_size_source = ops.ExternalSource(
-            source=self.batch_crop_sizes, batch=True, batch_info=True
-        )
-        self.resize_to_epoch = antialiased_resize(device_id, num_threads, None)
-        if not self.cached:  # the decoded crop is resized once, to the epoch's size
-            self.resize = unchanged
-        # DALI's RandomResizedCrop takes one fixed size: its crop of a cached image is resized
-        # again, from crop_size down to the epoch's.
-        self.normalize = ops.CropMirrorNormalize(**self.normalize_args)  # nothing left to crop
+        images = self.flip_op(images, horizontal=mirror)
+        if self.device == "cpu":
+            images = self.to_hwc(images)
+        return self.policy(self.crop_size, images)
 
     def batch_crop_sizes(self, info):
-        side = self.crop_sizes(info.iteration // self.epoch_batches)
+        # DALI's checkpoint holds the batch count that this callback is given, so a resumed
+        # pipeline goes on with the sizes of the epoch it stopped in. An epoch is the shard's whole
+        # batches (see repeats), or repeated augmentation's own number of them.
+        epoch_batches = math.ceil(
+            math.ceil(self.num_samples / self.num_shards) / self.max_batch_size
+        )
+        if self.read.ra:
+            epoch_batches = self.read.ra.steps
+        side = self.crop_sizes(info.iteration // epoch_batches)
         return np.full((self.max_batch_size, 2), side, np.float32)
 
     def build_erase(self, probability, cast_after_erase):
-        self.erase = self.erase_random_box
         # torchvision's RandomErasing(p, scale=(0.02, 0.33), ratio=(0.3, 3.3), value=0), applied
         # as its classification reference does: after normalization, so 0 is the mean colour.
         self.erase_coin = ops.random.CoinFlip(probability=probability)
         self.erase_area = ops.random.Uniform(range=[0.02, 0.33])
         self.erase_log_ratio = ops.random.Uniform(range=[math.log(0.3), math.log(3.3)])
         self.erase_where = ops.random.Uniform(range=[0.0, 1.0], shape=[2])
-        self.erase_op = ops.Erase(
-            device=self.device, axis_names="HW", normalized=True, fill_value=0.0
-        )
-        self.to_float16 = unchanged
+        self.erase = ops.Erase(device=self.device, axis_names="HW", normalized=True, fill_value=0.0)
+        self.cast_after_erase = cast_after_erase
         if cast_after_erase:
             self.to_float16 = ops.Cast(device=self.device, dtype=types.FLOAT16)
 
@@ -399,7 +366,10 @@ class ClassifyTrainPipeline(_ClassifyPipeline):
         ratio = dmath.exp(self.erase_log_ratio() * signs)
         size = dmath.min(dmath.sqrt(self.erase_area() * ratio), 1.0) * self.erase_coin()
         anchor = self.erase_where() * (1.0 - size)
-        return self.to_float16(self.erase_op(images, anchor=anchor, shape=size))
+        images = self.erase(images, anchor=anchor, shape=size)
+        if self.cast_after_erase:
+            images = self.to_float16(images)
+        return images
 
 
 class ClassifyValPipeline(_ClassifyPipeline):
@@ -442,6 +412,7 @@ class ClassifyValPipeline(_ClassifyPipeline):
             interp_type=types.INTERP_TRIANGULAR,
             antialias=True,
         )
+        self.normalize = self.imagenet_normalize(self.dtype, crop=(crop_size, crop_size))
 
     def define_graph(self):
         jpegs, labels = self.read()
@@ -472,7 +443,63 @@ def classify_iterator(pipe):
 # ------------------------------------------------------------------------------------------
 
 
-class SegmentValPipeline(Pipeline):
+class _SegmentImagePipeline(Pipeline):
+    """What the segmentation pipelines share: an image's resize to ``size`` and its normalization,
+    operator for operator, so that a PNG to predict on and the same pixels as .npy give the model
+    the same input."""
+
+    def build_image_ops(self, image, size, num_threads):
+        device = "gpu" if self.on_gpu else "cpu"
+        shape, dtype = image
+        self.image_hwc = ops.Reshape(device=device, src_dims=hwc_dims(shape), layout="HWC")
+        if not self.on_gpu and dtype == np.uint8:  # torch's resize on the CPU, for 8-bit images
+            resize = functools.partial(
+                resize_with_torch, self.torch_threads, num_threads, tuple(size), False
+            )
+            self.resize_image = ops.PythonFunction(
+                function=resize, num_outputs=1, batch_processing=True, output_layouts="CHW"
+            )
+            self.to_chw = unchanged  # torch hands out CHW
+        else:
+            resize = ops.Resize(
+                device=device, interp_type=types.INTERP_LINEAR, antialias=False, roi_relative=True
+            )
+            self.resize_image = functools.partial(flip_by_roi, resize, list(size))
+            self.to_chw = ops.Transpose(device=device, perm=[2, 0, 1], output_layout="CHW")
+
+    def build_normalize(self, image, mean, std):
+        device = "gpu" if self.on_gpu else "cpu"
+        if (mean is None) != (std is None):
+            raise ValueError(f"give both mean and std, or neither (got mean={mean}, std={std})")
+        if mean is None and self.channels == 3 and image[1] == np.uint8:
+            mean, std = IMAGENET_MEAN, IMAGENET_STD
+        if mean is None:
+            self.channel_min = ops.reductions.Min(device=device, axes=[1, 2], keep_dims=True)
+            self.standardize = ops.Normalize(device=device, axes=[1, 2], dtype=types.FLOAT)
+            self.normalize = self.normalize_each_image
+            return
+        mean = np.atleast_1d(mean).astype(float).tolist()
+        std = np.atleast_1d(std).astype(float).tolist()
+        if not (np.isfinite(mean + std).all() and min(std) > 0):
+            raise ValueError(f"std must be above 0 and mean finite, got mean={mean}, std={std}")
+        if {len(mean), len(std)} - {1, self.channels}:
+            raise ValueError(
+                f"mean and std need 1 or {self.channels} values each (the images have "
+                f"{self.channels} channels), got mean={mean}, std={std}"
+            )
+        self.normalize = ops.CropMirrorNormalize(
+            device=device, dtype=types.FLOAT, output_layout="CHW", mean=mean, std=std
+        )
+
+    def normalize_each_image(self, image):
+        # Each channel is shifted to start at 0 first: that changes nothing after standardizing, but
+        # makes a constant channel exactly 0 (its float32 mean is a hair off, and the hair over a
+        # tiny std gave -1 or 1).
+        image = self.to_chw(image)
+        return self.standardize(image - self.channel_min(image))
+
+
+class SegmentValPipeline(_SegmentImagePipeline):
     """Image and mask ``.npy`` files, ``imgs[i]`` paired with ``lbls[i]``, read in lock-step and
     resized to ``size`` (height, width), the image normalized.
 
@@ -532,15 +559,26 @@ class SegmentValPipeline(Pipeline):
                 )
         self.channels = image[0][2] if len(image[0]) == 3 else 1
         self.on_gpu = device_id is not None
+        self.own_size_masks = own_size_masks
+        self.graph = dict(dali_device="gpu" if self.on_gpu else "cpu")
+        self.build_readers(imgs, lbls, batch_size, shard_id, num_shards, seed)
+        self.build_mask_ops(mask, self.size)
+        # One pool for a CPU-only pipeline's torch code (its resize, the training noise); threads
+        # start on use.
+        self.torch_threads = None if self.on_gpu else torch_threads(num_threads)
+        self.build_image_ops(image, self.size, num_threads)
+        self.build_normalize(image, mean, std)
+
+    def build_readers(self, imgs, lbls, batch_size, shard_id, num_shards, seed):
+        """The image and the mask reader, in lock-step: one seed, shuffle and sharding for both."""
         if self.shuffle:  # a few distinct pairs repeated, so every shard holds whole batches
             extra = extra_samples(len(imgs), num_shards, batch_size)
             imgs, lbls = (
                 list(imgs) + repeats(list(imgs), extra),
                 list(lbls) + repeats(list(lbls), extra),
             )
-        # One seed, shuffle and sharding for both readers keeps them in lock-step. Memory-mapped
-        # reads with cached headers: plain reads (dont_use_mmap) were much slower, and the reader
-        # was the ceiling (results/README.md).
+        # Memory-mapped reads with cached headers: plain reads (dont_use_mmap) were much slower,
+        # and the reader was the ceiling (results/README.md).
         reader_args = dict(
             shard_id=shard_id,
             num_shards=num_shards,
@@ -552,13 +590,6 @@ class SegmentValPipeline(Pipeline):
         )
         self.read_image = ops.readers.Numpy(files=list(imgs), name="ReaderX", **reader_args)
         self.read_mask = ops.readers.Numpy(files=list(lbls), name="ReaderY", **reader_args)
-        self.build_mask_ops(mask, self.size)
-        self.own_size_masks = own_size_masks
-        # One pool for a CPU-only pipeline's torch code (its resize, the training noise); threads
-        # start on use.
-        self.torch_threads = None if self.on_gpu else torch_threads(num_threads)
-        self.build_image_ops(image, self.size, num_threads)
-        self.build_normalize(image, mean, std)
 
     def build_mask_ops(self, mask, size):
         device = "gpu" if self.on_gpu else "cpu"
@@ -573,11 +604,13 @@ class SegmentValPipeline(Pipeline):
         resized, handed_out = types.FLOAT, types.INT32
         if dtype in (np.uint8, np.bool_):
             resized, handed_out = types.UINT8, types.UINT8
-        self.mask_to_resize = unchanged
-        if dtype != np.uint8:
+        if dtype == np.uint8:
+            self.mask_to_resize = unchanged
+        else:
             self.mask_to_resize = ops.Cast(device=device, dtype=resized)
-        self.mask_to_output = unchanged
-        if handed_out != resized:
+        if handed_out == resized:
+            self.mask_to_output = unchanged
+        else:
             self.mask_to_output = ops.Cast(device=device, dtype=handed_out)
         self.mask_type = handed_out
         # The training pipeline flips by reading the region of interest backwards, and may give
@@ -588,49 +621,6 @@ class SegmentValPipeline(Pipeline):
         self.resize_mask = functools.partial(flip_by_roi, resize, list(size))
         # own_size_masks: a batch of masks of several sizes, made one tensor that PyTorch can take
         self.pad_mask = ops.Pad(device=device, axes=[0, 1], fill_value=0)
-
-    def build_image_ops(self, image, size, num_threads):
-        device = "gpu" if self.on_gpu else "cpu"
-        shape, dtype = image
-        self.image_hwc = ops.Reshape(device=device, src_dims=hwc_dims(shape), layout="HWC")
-        if not self.on_gpu and dtype == np.uint8:  # torch's resize on the CPU, for 8-bit images
-            resize = functools.partial(
-                resize_with_torch, self.torch_threads, num_threads, tuple(size), False
-            )
-            self.resize_image = ops.PythonFunction(
-                function=resize, num_outputs=1, batch_processing=True, output_layouts="CHW"
-            )
-            self.to_chw = unchanged  # torch hands out CHW
-        else:
-            resize = ops.Resize(
-                device=device, interp_type=types.INTERP_LINEAR, antialias=False, roi_relative=True
-            )
-            self.resize_image = functools.partial(flip_by_roi, resize, list(size))
-            self.to_chw = ops.Transpose(device=device, perm=[2, 0, 1], output_layout="CHW")
-
-    def build_normalize(self, image, mean, std):
-        device = "gpu" if self.on_gpu else "cpu"
-        if (mean is None) != (std is None):
-            raise ValueError(f"give both mean and std, or neither (got mean={mean}, std={std})")
-        if mean is None and self.channels == 3 and image[1] == np.uint8:
-            mean, std = IMAGENET_MEAN, IMAGENET_STD
-        if mean is None:
-            self.channel_min = ops.reductions.Min(device=device, axes=[1, 2], keep_dims=True)
-            self.standardize = ops.Normalize(device=device, axes=[1, 2], dtype=types.FLOAT)
-            self.normalize = self.normalize_each_image
-            return
-        mean = np.atleast_1d(mean).astype(float).tolist()
-        std = np.atleast_1d(std).astype(float).tolist()
-        if not (np.isfinite(mean + std).all() and min(std) > 0):
-            raise ValueError(f"std must be above 0 and mean finite, got mean={mean}, std={std}")
-        if {len(mean), len(std)} - {1, self.channels}:
-            raise ValueError(
-                f"mean and std need 1 or {self.channels} values each (the images have "
-                f"{self.channels} channels), got mean={mean}, std={std}"
-            )
-        self.normalize = ops.CropMirrorNormalize(
-            device=device, dtype=types.FLOAT, output_layout="CHW", mean=mean, std=std
-        )
 
     def define_graph(self):
         image, own = self.read()
@@ -647,13 +637,6 @@ class SegmentValPipeline(Pipeline):
         if self.on_gpu:
             image, mask = image.gpu(), mask.gpu()
         return self.image_hwc(image), self.mask_to_resize(self.mask_hwc(mask))
-
-    def normalize_each_image(self, image):
-        # Each channel is shifted to start at 0 first: that changes nothing after standardizing, but
-        # makes a constant channel exactly 0 (its float32 mean is a hair off, and the hair over a
-        # tiny std gave -1 or 1).
-        image = self.to_chw(image)
-        return self.standardize(image - self.channel_min(image))
 
     def output_mask(self, mask):
         return self.mask_to_output(self.mask_chw(mask))
@@ -707,6 +690,7 @@ class SegmentTrainPipeline(SegmentValPipeline):
         value_range("blur_sigma", blur_sigma)
         value_range("brightness", brightness)
         value_range("contrast", contrast)
+        self.graph.update(scale_range=scale_range is not None)
         device = "gpu" if self.on_gpu else "cpu"
         # (vertical, horizontal)
         self.flip_coins = ops.random.CoinFlip(probability=flip_p, shape=[2])
@@ -737,7 +721,6 @@ class SegmentTrainPipeline(SegmentValPipeline):
                 f"mask_pad must be a whole number in [{lowest}, {highest}] (what the masks hold), "
                 f"got {mask_pad!r}"
             )
-        self.scale = None
         if scale_range is None:
             return
         value_range("scale_range", scale_range, positive=True)
@@ -784,7 +767,7 @@ class SegmentTrainPipeline(SegmentValPipeline):
     def draw_sizes(self):
         """With ``scale_range``, each sample's (height, width): ``size`` times its scale, in whole
         pixels; without, none (the fixed ``size``)."""
-        if self.scale is None:
+        if not self.graph["scale_range"]:
             return ()
         sizes = dmath.floor(self.scale() * types.Constant(np.float32(self.size)) + 0.5)
         return (dmath.max(sizes, 1.0),)
@@ -792,7 +775,7 @@ class SegmentTrainPipeline(SegmentValPipeline):
     def random_crop(self, image, mask):
         """With ``scale_range``, ``size`` out of each scaled image and mask, at one random place for
         both; a side shorter than ``size`` lands at a random place in its padding."""
-        if self.scale is None:
+        if not self.graph["scale_range"]:
             return image, mask
         where = dict(crop_pos_x=self.crop_x(), crop_pos_y=self.crop_y())
         return self.crop_image(image, **where), self.crop_mask(mask, **where)
@@ -831,7 +814,7 @@ def segment_iterator(pipe):
     )
 
 
-class SegmentPredictPipeline(Pipeline):
+class SegmentPredictPipeline(_SegmentImagePipeline):
     """Images to segment: the PNG or JPEG ``files`` (any size, grey or colour) under ``data_dir``,
     each read once, in order (shard ``shard_id`` of ``num_shards``), decoded to ``channels`` (3:
     RGB, 1: grey), resized to ``size`` and normalized as ``SegmentValPipeline`` does 8-bit images of
@@ -844,10 +827,6 @@ class SegmentPredictPipeline(Pipeline):
     """
 
     last_batch_policy = LastBatchPolicy.PARTIAL  # see predict_iterator
-    # SegmentValPipeline's own resize and normalization of 8-bit images, borrowed whole
-    build_image_ops = SegmentValPipeline.build_image_ops
-    build_normalize = SegmentValPipeline.build_normalize
-    normalize_each_image = SegmentValPipeline.normalize_each_image
 
     def __init__(
         self,
@@ -1084,6 +1063,42 @@ AUTO_AUGMENT = {
     "ra": rand_augment_2_9,
     "imagenet": imagenet_auto_augment,
 }
+
+
+def placement(device_id, decoder, cached):
+    """Where the decoder and the operators after it run: ("cpu", "cpu") without a GPU; on one,
+    ``decoder`` ("mixed": the GPU's decoders; "cpu": DALI's threads, the decoded crop then copied to
+    the GPU, no decoding kernel beside the model's: enough for a model slower than the CPU's decode,
+    results/README.md) and "gpu"."""
+    decoder = choice("decoder", decoder, {"mixed": "mixed", "cpu": "cpu"})
+    if cached and decoder == "cpu":
+        raise ValueError(
+            "decoder_cache needs decoder='mixed' (DALI caches what its GPU decoder decodes), "
+            "got decoder='cpu'"
+        )
+    if device_id is None:
+        return "cpu", "cpu"
+    return decoder, "gpu"
+
+
+def decoder_arguments(decoder_device, hw_decoder_load, device_padding, host_padding, cache_mb):
+    """The decoder's arguments: the mixed decoder's hardware share and memory paddings, and with
+    ``cache_mb`` DALI's decoder cache of that many MB."""
+    # EXIF orientation is not applied, as torchvision's PIL loader does not apply it.
+    args = dict(adjust_orientation=False)
+    if decoder_device == "mixed":
+        if hw_decoder_load is None:
+            hw_decoder_load = (
+                DEFAULT_HW_DECODER_LOAD if cache_mb is None else CACHED_HW_DECODER_LOAD
+            )
+        args.update(
+            hw_decoder_load=hw_decoder_load,
+            device_memory_padding=device_padding,
+            host_memory_padding=host_padding,
+        )
+    if cache_mb is not None:
+        args.update(cache_size=cache_mb, cache_type="threshold", cache_threshold=0)
+    return args
 
 
 def unchanged(data):
