@@ -65,14 +65,9 @@ from PIL import Image, ImageDraw, ImageEnhance
 from torch.utils.data import DataLoader, Dataset, RandomSampler
 from torchvision.datasets import ImageFolder
 
-from data_sources import (
-    atomic_open,
-    check_segmentation_files,
-    decoded_size,
-    list_image_folder,
-    progress,
-)
+from data_sources import check_segmentation_files, decoded_size, list_image_folder
 from make_shards import make_shards
+from outputs import atomic_open, progress
 from pipelines import (
     AUTO_AUGMENT,
     CACHED_HW_DECODER_LOAD,

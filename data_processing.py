@@ -70,21 +70,15 @@ from collections import defaultdict
 import numpy as np
 from PIL import Image, ImageDraw, ImageFilter
 
-from data_sources import (
-    CSV_HEADER,
-    DataError,
-    atomic_open,
-    atomic_temp_pattern,
-    eight_bits,
-    progress,
-)
+from data_sources import CSV_HEADER, DataError
+from outputs import atomic_open, atomic_temp_pattern, progress
 
 SPLITS = ("train", "valid")
 # Where prepare() puts the .npy pairs of a PNG root: inside it, so no write access to its
 # parent is needed and the data stays together.
 PREPARED_SUBDIR = "npy"
 LOCK_NAME = ".data_processing.lock"
-# The temporary names of data_sources.atomic_open; one found while holding the lock is a killed
+# The temporary names of outputs.atomic_open; one found while holding the lock is a killed
 # run's.
 LEFTOVER = re.compile(atomic_temp_pattern(".+"))
 
@@ -251,6 +245,17 @@ def _load_png(path, data):
             return img
     except (OSError, SyntaxError, ValueError) as e:
         raise DataError(f"{path}: not a readable PNG ({e})") from None
+
+
+def eight_bits(image):
+    """A PIL ``image`` of 16-bit greyscale (how a 16-bit PNG opens: mode I;16, or I) in 8 bits as
+    DALI's decoder reads it, round(x / 257); PIL's convert("RGB") would clip it at 255. Other modes
+    as they are (PIL itself reads a 16-bit colour PNG as 8-bit RGB, x >> 8)."""
+    if not image.mode.startswith("I"):
+        return image
+    return Image.fromarray(
+        ((np.asarray(image, np.int64) + 128) // 257).clip(0, 255).astype(np.uint8)
+    )
 
 
 def _image_array(path, data):

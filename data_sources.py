@@ -23,17 +23,17 @@ import random
 import re
 import shutil
 import struct
-import sys
 import tarfile
 import tempfile
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 from nvidia.dali import ops, tfrecord, types
 from nvidia.dali.pipeline import Pipeline
 from PIL import Image
+
+from outputs import atomic_open, progress
 
 
 class DataError(ValueError):
@@ -62,69 +62,6 @@ LABEL_DIGITS = 9
 INDEX_CACHE = os.path.join(
     os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "dali-indexes"
 )
-# Seconds between two progress lines of a long job; a job done sooner prints none.
-PROGRESS_EVERY = 5.0
-
-
-def progress(items, total, what, every=PROGRESS_EVERY, out=None):
-    """``items``, passed through, with a line on ``out`` (stderr) every ``every`` seconds: ``what``,
-    the count of ``total``, the rate and the ETA; one line at a time, so that it reads the same on a
-    terminal and in a cluster log. A job done within the first ``every`` seconds prints nothing; one
-    that printed ends with a line of its total time."""
-    start = last = time.perf_counter()
-    done = 0
-    for done, item in enumerate(items, 1):
-        yield item
-        if (now := time.perf_counter()) - last >= every:
-            last, rate = now, done / (now - start)
-            eta = f", eta {round((total - done) / rate)} s" if total else ""
-            print(
-                f"{what}: {done:,}/{total:,} ({100 * done / max(total, 1):.0f} %), "
-                f"{rate:,.1f}/s{eta}",
-                file=out or sys.stderr,
-                flush=True,
-            )
-    if last > start:
-        print(
-            f"{what}: {done:,} done in {time.perf_counter() - start:.0f} s",
-            file=out or sys.stderr,
-            flush=True,
-        )
-
-
-@contextlib.contextmanager
-def atomic_open(path, mode="wb"):
-    """A file that appears under ``path`` only once it is completely written (a temporary name in
-    the same folder, then a rename), so that a killed writer never leaves half a file behind that
-    name."""
-    folder, name = os.path.split(path)
-    tmp = os.path.join(folder, f".{name}.{os.getpid()}.partial")  # what atomic_temp_pattern matches
-    try:
-        with open(tmp, mode) as f:
-            yield f
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-
-
-def atomic_temp_pattern(name):
-    """A regular expression of ``atomic_open``'s temporary names for the files that the expression
-    ``name`` matches: what a killed writer leaves behind."""
-    return rf"\.{name}\.\d+\.partial"
-
-
-def eight_bits(image):
-    """A PIL ``image`` of 16-bit greyscale (how a 16-bit PNG opens: mode I;16, or I) in 8 bits as
-    DALI's decoder reads it, round(x / 257); PIL's convert("RGB") would clip it at 255. Other modes
-    as they are (PIL itself reads a 16-bit colour PNG as 8-bit RGB, x >> 8)."""
-    if not image.mode.startswith("I"):
-        return image
-    return Image.fromarray(
-        ((np.asarray(image, np.int64) + 128) // 257).clip(0, 255).astype(np.uint8)
-    )
-
-
 # data in object storage: s3:// URLs, whose bytes DALI's readers fetch themselves
 # ------------------------------ boto3 lists the prefixes and reads the small files (classes.txt,
 # manifest.json, index summaries, digests): its errors say what is wrong (bucket, credentials,

@@ -53,15 +53,9 @@ from types import SimpleNamespace
 import google_crc32c
 from PIL import Image
 
-from data_sources import (
-    DataError,
-    atomic_open,
-    atomic_temp_pattern,
-    eight_bits,
-    list_image_folder,
-    progress,
-    shard_index,
-)
+from data_processing import eight_bits
+from data_sources import DataError, list_image_folder, shard_index
+from outputs import atomic_open, atomic_temp_pattern, progress
 
 SPLITS = ("train", "val")
 
@@ -232,7 +226,7 @@ def check_paths(src, dst):
 
 def our_files(dst, fmt):
     """(final, temporary): the files in DST that this script writes (paths relative to DST) and the
-    temporaries a killed run left (see data_sources.atomic_open). Any other file in DST/train or
+    temporaries a killed run left (see outputs.atomic_open). Any other file in DST/train or
     DST/val is an error."""
     names = {"": r"(?:claim|manifest)\.json"}
     for split in SPLITS:

@@ -604,7 +604,7 @@ def test_command_line_bad_input_prints_one_error_line(tmp_path):
 
 
 # A clock that moves 2 s at every reading, so each PNG seems to take seconds, as in a root of tens of thousands.
-# In a child process: data_sources.progress writes to the sys.stderr of its import, which pytest's capture does not see.
+# In a child process: outputs.progress writes to the sys.stderr of its import, which pytest's capture does not see.
 SLOW_CLOCK = """
 import itertools, sys, time
 import data_processing

@@ -24,6 +24,7 @@ from PIL import Image
 from torchvision.datasets import ImageFolder
 
 import data_sources
+import outputs
 from conftest import (
     CLASSES,
     FORMATS,
@@ -293,7 +294,7 @@ def test_index_builds_print_progress_per_shard(split_root, monkeypatch):
         (dst / "train" / name).unlink()
     out = io.StringIO()
     monkeypatch.setattr(
-        data_sources, "progress", functools.partial(data_sources.progress, every=0, out=out)
+        data_sources, "progress", functools.partial(outputs.progress, every=0, out=out)
     )
     ClassifyValPipeline(4, 1, None, str(dst / "train"), crop_size=16)
     lines = out.getvalue().splitlines()
@@ -586,9 +587,9 @@ def test_progress_prints_count_rate_and_eta_only_for_long_jobs(monkeypatch):
     clock = iter(
         range(0, 1000, 2)
     )  # every reading of the clock is 2 s after the last: an item takes 2 s
-    monkeypatch.setattr(data_sources.time, "perf_counter", lambda: next(clock))
+    monkeypatch.setattr(outputs.time, "perf_counter", lambda: next(clock))
     out = io.StringIO()
-    assert list(data_sources.progress(range(7), 7, "indexing shards", every=5, out=out)) == list(
+    assert list(outputs.progress(range(7), 7, "indexing shards", every=5, out=out)) == list(
         range(7)
     )
     assert out.getvalue().splitlines() == [
@@ -598,7 +599,7 @@ def test_progress_prints_count_rate_and_eta_only_for_long_jobs(monkeypatch):
     ]
     quiet = io.StringIO()
     assert (
-        list(data_sources.progress(range(2), 2, "quick", every=5, out=quiet)) == [0, 1]
+        list(outputs.progress(range(2), 2, "quick", every=5, out=quiet)) == [0, 1]
         and quiet.getvalue() == ""
     )
 

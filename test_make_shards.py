@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-import data_sources
 import make_shards as make_shards_module
+import outputs
 from make_shards import main, make_shards
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -273,12 +273,12 @@ def test_max_size_scales_a_16_bit_png_to_8_bits_as_dalis_decoder_does(tmp_path):
 def test_progress_lines_count_the_images_written(src, tmp_path, monkeypatch):
     out = io.StringIO()
     monkeypatch.setattr(
-        make_shards_module, "progress", functools.partial(data_sources.progress, out=out)
+        make_shards_module, "progress", functools.partial(outputs.progress, out=out)
     )
     make_shards(str(src), str(tmp_path / "quick"), "wds", shard_size=5, seed=0)
     assert out.getvalue() == ""  # a job of a second prints no progress
     monkeypatch.setattr(
-        make_shards_module, "progress", functools.partial(data_sources.progress, every=0, out=out)
+        make_shards_module, "progress", functools.partial(outputs.progress, every=0, out=out)
     )
     make_shards(str(src), str(tmp_path / "dst"), "wds", shard_size=5, seed=0)
     lines = out.getvalue().splitlines()

@@ -21,6 +21,7 @@ import torch
 import torchvision
 from PIL import Image
 
+import predict
 import train_classify
 import training
 from conftest import DELETE_AT_FIRST_SAVE
@@ -1430,8 +1431,8 @@ def test_weights_in_lightnings_and_timms_layouts_load_every_tensor(tmp_path):
             assert torch.equal(tensor, source[key]), (layout, key)
         # --predict --weights FILE: the same layouts, every tensor
         model = torchvision.models.resnet18(num_classes=2)
-        ckpt = training.checkpoint_to_predict(SimpleNamespace(resume="", weights=path), ())
-        training.load_to_predict(model, ckpt, args, ONE_CPU_PROCESS)
+        ckpt = predict.checkpoint_to_predict(SimpleNamespace(resume="", weights=path), ())
+        predict.load_to_predict(model, ckpt, args, ONE_CPU_PROCESS)
         assert all(torch.equal(t, source[k]) for k, t in model.state_dict().items()), layout
     # another model's weights in those layouts fit no tensor: still refused
     other = prefixed("model.", torchvision.models.alexnet().state_dict())
@@ -1681,3 +1682,9 @@ def test_ra_sampler_runs_torchvisions_steps_and_validates_every_sample_once(tmp_
     assert sum(seen) == val.num_samples == 260  # each validation sample once
     refused = tiny_run(root, out + "2", "--ra-reps", "4", check=False)
     assert_one_line_error(refused, "--ra-reps 4: needs --ra-sampler")
+    # the sampler is a source of its own in the graph: a resume without it is refused in one line
+    path = os.path.join(out, "checkpoint.pth")
+    refused = tiny_run(
+        root, out, "--batch-size", "48", "--epochs", "2", "--resume", path, check=False
+    )
+    assert_one_line_error(refused, f"--resume {path}: taken with --ra-reps 4, this run has off")

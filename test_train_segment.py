@@ -330,6 +330,28 @@ def test_resume_follows_the_data_it_trained_on_not_its_path(tmp_path):
     assert_one_line_error(proc, f"--resume {path}: trained on other data (")
 
 
+@pytest.mark.parametrize(
+    "first,then,told",
+    [
+        ([], ["--scale-range", "0.5", "2.0"], "its run had no --scale-range"),
+        (["--scale-range", "0.5", "2.0"], [], "its run had --scale-range"),
+    ],
+)
+def test_resume_with_another_pipeline_graph_is_refused(tmp_path, first, then, told):
+    # --scale-range adds operators; DALI's own error would be a stack trace ("The checkpoint might
+    # come from another pipeline")
+    root, out = prepared_root(str(tmp_path / "p")), str(tmp_path / "o")
+    assert tiny(root, *first, out=out).returncode == 0
+    path = os.path.join(out, "checkpoint.pth")
+    assert torch.load(path, weights_only=True)["graph"] == {
+        "dali_device": "cpu",
+        "scale_range": bool(first),
+    }
+    proc = tiny(root, *then, "--epochs", "2", "--resume", path, out=out)
+    assert_one_line_error(proc, f"--resume {path}: {told}; resume with it as it was")
+    assert [e["epoch"] for e in records(out, "epoch")] == [1]  # nothing of the run was changed
+
+
 def test_pairs_by_position_with_int64_masks_and_grey_images(tmp_path):
     # what np.argmax and np.array(Image.open(grey_png)) give: int64 (H, W) masks, (H, W) uint8 images,
     # named as public sets name them (x.npy with x_mask.npy)

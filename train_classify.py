@@ -186,8 +186,10 @@ import torchvision
 from torchvision.transforms import v2
 
 import training
-from data_sources import atomic_open, data_digest, decode_errors_named, isdir, plan_decoder_cache
+from data_sources import data_digest, decode_errors_named, isdir, plan_decoder_cache
+from outputs import atomic_open
 from pipelines import ClassifyTrainPipeline, ClassifyValPipeline, classify_iterator
+from predict import checkpoint_to_predict, images_to_predict, load_to_predict, refuse_overwrite
 from training import UsageError
 
 
@@ -362,12 +364,12 @@ def predict(args, world):
     DIR, then its top-5 classes (the checkpoint's names), each with its probability, most likely
     first; the images transformed as validation's. Under torchrun each process predicts its share
     and the main one writes the file."""
-    ckpt = training.checkpoint_to_predict(args, EVALUATE_AS_TRAINED)
-    files = training.images_to_predict(args)
+    ckpt = checkpoint_to_predict(args, EVALUATE_AS_TRAINED)
+    files = images_to_predict(args)
     path = os.path.join(args.output_dir, "predictions.csv")
-    training.refuse_overwrite(args, [(path, args.predict)])
+    refuse_overwrite(args, [(path, args.predict)])
     classes = ckpt.get("classes") or [str(k) for k in range(args.num_classes or 1000)]
-    model = training.load_to_predict(make_model(args, len(classes)), ckpt, args, world)
+    model = load_to_predict(make_model(args, len(classes)), ckpt, args, world)
     pipe = ClassifyValPipeline(  # a list of files: each labelled by its position in it
         args.batch_size,
         args.workers,
@@ -485,37 +487,6 @@ def make_pipelines(args, world, dali_state, cache=None):
     return train, val, classes
 
 
-def check_same_pipeline(saved, args):
-    """A --resume run's training pipeline must be built as the checkpoint's was: DALI restores its
-    state only into the graph it came from (a policy, or random erasing, adds operators to it;
-    --decoder moves one to another device; resizing progressively, an input), and the sampler's
-    batches, or the reader's, go on."""
-    if bool(saved.get("progressive_resize")) != bool(args.progressive_resize):
-        had = "had" if saved.get("progressive_resize") else "had no"
-        raise UsageError(
-            f"--resume {args.resume}: its run {had} --progressive-resize; resume with it as it "
-            f"was, or --weights it"
-        )
-    then, now = (a.get("ra_sampler") and a.get("ra_reps") for a in (saved, vars(args)))
-    if then != now:
-        raise UsageError(
-            f"--resume {args.resume}: taken with --ra-reps {then or 'off'}, this run has "
-            f"{now or 'off'}; resume with the same, so the remaining batches are the same"
-        )
-    # missing: the flag's value in a checkpoint taken before the flag existed
-    for flag, kind, missing in (
-        ("auto_augment", str, None),
-        ("random_erase", bool, None),
-        ("decoder", str, "mixed"),
-    ):
-        then, now = saved.get(flag, missing), getattr(args, flag)
-        if kind(then or "") != kind(now or ""):
-            raise UsageError(
-                f"--resume {args.resume}: taken with --{flag.replace('_', '-')} {then or 'off'}, "
-                f"this run has {now or 'off'}; resume with the same, or --weights it"
-            )
-
-
 def build_loaders(args, world, ckpt, log):
     """The pipelines and iterators, and what the run needs to know of the data; checks that a
     --resume checkpoint fits it."""
@@ -540,9 +511,9 @@ def build_loaders(args, world, ckpt, log):
     on_main = world.main and not args.evaluate
     digest = data_digest(train_pipe.read.data_dir, train_pipe.files) if on_main else None
     if ckpt:
-        training.check_resumable(ckpt, args, classes, train_pipe.num_samples, world.size, digest)
-        if not args.evaluate:
-            check_same_pipeline(ckpt["args"], args)
+        training.check_resumable(
+            ckpt, args, classes, train_pipe.num_samples, world.size, digest, train_pipe.graph
+        )
     with decode_errors_named(train_pipe):  # the iterators decode their first batches right away
         train_loader = classify_iterator(train_pipe)
     with decode_errors_named(val_pipe):
@@ -556,6 +527,7 @@ def build_loaders(args, world, ckpt, log):
         num_samples=train_pipe.num_samples,
         data_digest=digest,
         decoder_cache=cache,
+        graph=train_pipe.graph,
         val_batches=lambda: batches_on_device(val_loader, val_pipe, world.device),
     )
     loaders.train_batches = lambda epoch, first_step: train_batches(

@@ -179,24 +179,26 @@ from torchvision.transforms.functional import pil_to_tensor
 from torchvision.utils import draw_segmentation_masks, make_grid
 
 import training
+from data_processing import eight_bits
 from data_sources import (
     DataError,
-    atomic_open,
     data_digest,
     decode_errors_named,
-    eight_bits,
     first_gone,
     first_mask_above,
     isdir,
     read_split,
     remote,
 )
+from outputs import atomic_open
 from pipelines import (
     SegmentPredictPipeline,
-    fetch_dali_loader,
+    SegmentTrainPipeline,
+    SegmentValPipeline,
     predict_iterator,
     segment_iterator,
 )
+from predict import checkpoint_to_predict, images_to_predict, load_to_predict, refuse_overwrite
 from training import UsageError
 
 
@@ -529,12 +531,12 @@ def predict(args, world):
     PNG of class indices in --output-dir (DIR's subfolders mirrored, x.jpg as x.png), and the image
     beside it with the classes drawn over it under --output-dir/overlays/. Under torchrun each
     process predicts its share of the images."""
-    ckpt = training.checkpoint_to_predict(args, EVALUATE_AS_TRAINED)
-    files = training.images_to_predict(args)
+    ckpt = checkpoint_to_predict(args, EVALUATE_AS_TRAINED)
+    files = images_to_predict(args)
     masks, overlays = prediction_paths(args, files, ""), prediction_paths(args, files, "overlays")
-    training.refuse_overwrite(args, zip(masks + overlays, files + files))
+    refuse_overwrite(args, zip(masks + overlays, files + files))
     channels = trained_channels(ckpt)
-    model = training.load_to_predict(make_model(args, channels), ckpt, args, world)
+    model = load_to_predict(make_model(args, channels), ckpt, args, world)
     pipe = SegmentPredictPipeline(
         args.batch_size,
         args.workers,
@@ -663,10 +665,11 @@ def build_loaders(args, world, ckpt, log):
     )
     # Checkpointing the train pipeline (reader position, random states) costs nothing until asked.
     checkpoint = dali_state[world.rank] if dali_state else None
-    train_pipe = fetch_dali_loader(
-        *splits["train"],
+    (train_imgs, train_lbls), (val_imgs, val_lbls) = splits["train"], splits["valid"]
+    train_pipe = SegmentTrainPipeline(
         args.batch_size,
-        "train",
+        imgs=train_imgs,
+        lbls=train_lbls,
         enable_checkpointing=True,
         checkpoint=checkpoint,
         scale_range=args.scale_range,
@@ -675,18 +678,20 @@ def build_loaders(args, world, ckpt, log):
         **common,
     )
     # Also the masks as read, to score each at its own size.
-    val_pipe = fetch_dali_loader(
-        *splits["valid"], args.batch_size, "eval", own_size_masks=True, **common
+    val_pipe = SegmentValPipeline(
+        args.batch_size, imgs=val_imgs, lbls=val_lbls, own_size_masks=True, **common
     )
     check_mask_values(args, world, splits)
-    classes, num_samples = [str(k) for k in range(args.num_classes)], len(splits["train"][0])
-    imgs, lbls = splits["train"]
+    classes, num_samples = [str(k) for k in range(args.num_classes)], len(train_imgs)
     # what the run reads, for the checkpoints the main process writes; scoring one needs none
-    digest = data_digest(args.data, imgs + lbls) if world.main and not args.evaluate else None
+    train_files = train_imgs + train_lbls
+    digest = data_digest(args.data, train_files) if world.main and not args.evaluate else None
     if ckpt:
-        training.check_resumable(ckpt, args, classes, num_samples, world.size, digest)
+        training.check_resumable(
+            ckpt, args, classes, num_samples, world.size, digest, train_pipe.graph
+        )
     train_loader, val_loader = segment_iterator(train_pipe), segment_iterator(val_pipe)
-    log_data(args, log, train_pipe, num_samples, len(splits["valid"][0]))
+    log_data(args, log, train_pipe, num_samples, len(val_imgs))
     loaders = SimpleNamespace(
         train_loader=train_loader,
         steps=len(train_loader),  # the same on every process: every shard runs as many full batches
@@ -694,8 +699,9 @@ def build_loaders(args, world, ckpt, log):
         channels=train_pipe.channels,
         num_samples=num_samples,
         data_digest=digest,
-        train_files=imgs + lbls,
-        val_batches=lambda: batches_on_device(val_loader, sum(splits["valid"], []), world.device),
+        train_files=train_files,
+        graph=train_pipe.graph,
+        val_batches=lambda: batches_on_device(val_loader, val_imgs + val_lbls, world.device),
     )
     loaders.train_batches = lambda first_step: train_batches(args, world, loaders, first_step)
     return loaders

@@ -4,7 +4,8 @@ train_segment.py.
     processes and devices   setup_distributed, autocast, all_reduce_sum, sync_buffers
     model and optimizer     prepare_model (DDP, EMA, optimizer, schedule, scaler), load_weights
     run folder and log      open_run: the run's folder, locked; its log (stdout, metrics.jsonl)
-    checkpoints             Checkpoints (atomic save), checkpoint_to_resume, check_resumable, resume
+    checkpoints             Checkpoints (atomic save), checkpoint_to_resume, check_resumable
+                            (and check_same_graph), resume
     the loop's bookkeeping  StepLog: data wait, NaN checks, the windowed all-reduce, ETA, saves
     stopping and exiting    StopSignals (SIGTERM, SIGINT, SIGUSR1), run_main
 
@@ -31,7 +32,8 @@ import torch
 import torch.distributed as dist
 import torchvision
 
-from data_sources import DataError, atomic_open, walk
+from data_sources import DataError
+from outputs import atomic_open
 
 # Seconds after which a log line is due whatever --print-freq says, so a slow run still shows life.
 LOG_EVERY = 30.0
@@ -556,6 +558,7 @@ class Checkpoints:
             num_samples=self.loaders.num_samples,
             data_digest=self.loaders.data_digest,
             world_size=self.world.size,
+            graph=self.loaders.graph,
             dali=dali if self.args.loader == "dali" else None,
             **self.extra,
         )
@@ -666,10 +669,11 @@ def load_checkpoint(path):
     return ckpt
 
 
-def check_resumable(ckpt, args, classes, num_samples, world_size, digest):
-    """One line on the first way the checkpoint does not fit this run's model, data or layout;
-    ``digest``: data_sources.data_digest of the training files (the main process's alone: the
-    others have None), which older checkpoints lack."""
+def check_resumable(ckpt, args, classes, num_samples, world_size, digest, graph):
+    """One line on the first way the checkpoint does not fit this run's model, data, layout or
+    training pipeline; ``digest``: data_sources.data_digest of the training files (the main
+    process's alone: the others have None), which older checkpoints lack; ``graph``: the training
+    pipeline's record of the options that shape its graph (see check_same_graph)."""
     where, saved = f"--resume {args.resume}", ckpt["args"]
     if saved["arch"] != args.arch:
         raise UsageError(f"{where}: a checkpoint of --arch {saved['arch']}, not --arch {args.arch}")
@@ -694,6 +698,30 @@ def check_resumable(ckpt, args, classes, num_samples, world_size, digest):
             f"{where}: trained on other data (the names, sizes or ETags of the training files in "
             f"--data {args.data} differ from its run's); resume on that run's data, at any path, "
             f"or --weights it"
+        )
+    check_same_graph(ckpt, args, graph)
+
+
+def check_same_graph(ckpt, args, graph):
+    """DALI restores a checkpoint only into the graph it was taken from: each option in the
+    training pipeline's ``graph`` record (named as the flag that sets it) must be as the
+    checkpoint's record has it. A checkpoint from before the record is not compared."""
+    saved = ckpt.get("graph")
+    for option, now in graph.items():
+        if saved is None or saved.get(option) == now:
+            continue
+        flag, then = "--" + option.replace("_", "-"), saved.get(option)
+        if isinstance(now, bool):  # on or off: the flags' own values say how
+            then, now = ckpt["args"].get(option), getattr(args, option)
+        if isinstance(then or now, (list, tuple)):
+            had = "had" if then else "had no"
+            raise UsageError(
+                f"--resume {args.resume}: its run {had} {flag}; resume with it as it was, "
+                f"or --weights it"
+            )
+        raise UsageError(
+            f"--resume {args.resume}: taken with {flag} {then or 'off'}, this run has "
+            f"{now or 'off'}; resume with the same, or --weights it"
         )
 
 
@@ -733,89 +761,6 @@ def resume(ckpt, args, world, state, steps, log):
     )
     loss_sum = ckpt.get("loss_sum", [0.0] * world.size)[world.rank] if first_step else 0.0
     return start_epoch, first_step, ckpt["best"], loss_sum
-
-
-# ------------------------------------------------------------------------------------------
-# predicting: the trained model on new images
-# ------------------------------------------------------------------------------------------
-
-# What --predict reads: PNG and JPEG files, known by their extension (any case).
-PREDICT_EXTENSIONS = (".png", ".jpg", ".jpeg")
-
-
-def checkpoint_to_predict(args, as_trained):
-    """--predict's model: --resume's checkpoint (see checkpoint_to_resume), or --weights' file: a
-    checkpoint of the trainer's (the flags in ``as_trained`` then its run's unless given) or a
-    bare state dict (the flags as given), as {"model": state dict}."""
-    if args.resume:
-        return checkpoint_to_resume(args, as_trained)
-    try:
-        ckpt = read_weights(args.weights)
-    except Exception as e:
-        why = (str(e).strip() or type(e).__name__).splitlines()[-1][:200]
-        raise UsageError(
-            f"--weights {args.weights}: not a weights file (a state dict or a checkpoint; {why})"
-        ) from None
-    if isinstance(ckpt, dict) and isinstance(ckpt.get("args"), dict) and "model" in ckpt:
-        evaluate_as_trained(args, ckpt["args"], as_trained)
-        return ckpt
-    return {"model": ckpt}
-
-
-def load_to_predict(model, ckpt, args, world):
-    """``model`` with ``ckpt``'s weights, every tensor (a head left random would predict
-    nonsense), on this process's device, in eval mode."""
-    state = named_as(ckpt["model"], model.state_dict())
-    try:
-        model.load_state_dict(state)
-    except RuntimeError as e:
-        where = f"--resume {args.resume}" if args.resume else f"--weights {args.weights}"
-        raise UsageError(
-            f"{where}: its weights do not fit this model ({str(e).splitlines()[1].strip()}); "
-            f"pass the model flags it was trained with"
-        ) from None
-    return model.to(world.device).eval()
-
-
-def images_to_predict(args):
-    """Every PNG or JPEG file under --predict DIR, in any subfolder, sorted; none inside
-    --output-dir, which may lie within DIR: a second run must not predict on the first's output."""
-    root = args.predict
-    if not os.path.isdir(root):
-        raise UsageError(
-            f"--predict {root}: no such directory (expected PNG or JPEG files under DIR)"
-        )
-    out = os.path.join(os.path.abspath(args.output_dir), "")
-    files = [
-        f
-        for f in walk(root)
-        if f.lower().endswith(PREDICT_EXTENSIONS) and not os.path.abspath(f).startswith(out)
-    ]
-    if not files:
-        raise UsageError(
-            f"--predict {root}: no image found (expected PNG or JPEG files under DIR, in any "
-            f"subfolder, named .png, .jpg or .jpeg)"
-        )
-    return files
-
-
-def refuse_overwrite(args, outputs):
-    """``outputs``, (file to write, the input it comes from) pairs: refused in one line where two
-    inputs would write one file, or, without --overwrite, where a file exists. Every process
-    checks before any writes."""
-    made_from = {}
-    for path, source in outputs:
-        if path in made_from:
-            raise UsageError(
-                f"{made_from[path]} and {source}: both would be written as {path}; rename one"
-            )
-        made_from[path] = source
-    if not args.overwrite and (found := next(filter(os.path.exists, made_from), None)):
-        raise UsageError(
-            f"{found}: exists; pass --overwrite to replace it, or another --output-dir"
-        )
-    if dist.is_initialized():
-        dist.barrier()  # no process writes before every one has checked
 
 
 # ------------------------------------------------------------------------------------------
