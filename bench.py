@@ -50,37 +50,6 @@ from contextlib import contextmanager
 from datetime import datetime
 from functools import partial
 
-import numpy as np
-import nvidia.dali
-import torch
-import torch.distributed as dist
-import torch.nn.functional as F
-import torchvision
-import torchvision.transforms as T
-import torchvision.transforms.functional as TF
-from nvidia.dali import fn, ops, types
-from nvidia.dali.pipeline import Pipeline, pipeline_def
-from nvidia.dali.plugin.pytorch import DALIClassificationIterator, LastBatchPolicy
-from PIL import Image, ImageDraw, ImageEnhance
-from torch.utils.data import DataLoader, Dataset, RandomSampler
-from torchvision.datasets import ImageFolder
-
-from data_sources import check_segmentation_files, decoded_size, list_image_folder
-from make_shards import make_shards
-from outputs import atomic_open, progress
-from pipelines import (
-    AUTO_AUGMENT,
-    CACHED_HW_DECODER_LOAD,
-    DEFAULT_HW_DECODER_LOAD,
-    IMAGENET_MEAN,
-    IMAGENET_STD,
-    ClassifyTrainPipeline,
-    ClassifyValPipeline,
-    classify_iterator,
-    fetch_dali_loader,
-    segment_iterator,
-)
-
 SEED = 0
 NUM_CLASSES = 16
 SIDE_RANGE = (400, 500)  # ImageNet's typical image side, in pixels
@@ -237,7 +206,7 @@ def parse_args(argv=None):
     )
     p.add_argument(
         "--auto-augment",
-        choices=list(AUTO_AUGMENT),
+        choices=["ta_wide", "ra", "imagenet"],  # pipelines.AUTO_AUGMENT's names, as the trainer's
         help="also the mixed-decode (uncached and cached), CPU-only DALI and DataLoader loaders "
         "with this policy after the crop and flip (DALI's auto_aug; torchvision's transform)",
     )
@@ -252,8 +221,8 @@ def parse_args(argv=None):
         metavar="F",
         type=float,
         help="share of JPEG decoding on the GPU's hardware decoder, for the mixed-decode "
-        f"pipelines (default: {DEFAULT_HW_DECODER_LOAD}, with the decoder cache "
-        f"{CACHED_HW_DECODER_LOAD}: pipelines.py)",
+        "pipelines (default: pipelines.py's DEFAULT_HW_DECODER_LOAD, with the decoder cache its "
+        "CACHED_HW_DECODER_LOAD)",
     )
     p.add_argument(
         "--prefetch-queue-depth",
@@ -332,11 +301,46 @@ def parse_args(argv=None):
     ):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be at least 1")
+    import torchvision  # here, after --help has answered: it loads torch
+
     for model in args.models.split(","):
         if model not in torchvision.models.list_models():
             p.error(f"--models: torchvision has no model {model!r}")
     return args
 
+
+if __name__ == "__main__":
+    parse_args()  # --help and a bad flag answer here, before torch and DALI take seconds to load
+
+import numpy as np
+import nvidia.dali
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+import torchvision
+import torchvision.transforms as T
+import torchvision.transforms.functional as TF
+from nvidia.dali import fn, ops, types
+from nvidia.dali.pipeline import Pipeline, pipeline_def
+from nvidia.dali.plugin.pytorch import DALIClassificationIterator, LastBatchPolicy
+from PIL import Image, ImageDraw, ImageEnhance
+from torch.utils.data import DataLoader, Dataset, RandomSampler
+from torchvision.datasets import ImageFolder
+
+from data_sources import check_segmentation_files, decoded_size, list_image_folder
+from make_shards import make_shards
+from outputs import atomic_open, progress
+from pipelines import (
+    CACHED_HW_DECODER_LOAD,
+    DEFAULT_HW_DECODER_LOAD,
+    IMAGENET_MEAN,
+    IMAGENET_STD,
+    ClassifyTrainPipeline,
+    ClassifyValPipeline,
+    classify_iterator,
+    fetch_dali_loader,
+    segment_iterator,
+)
 
 # ------------------------------------------------------------------------------------------
 # generated data

@@ -67,6 +67,76 @@ import shutil
 import sys
 from collections import defaultdict
 
+# Demo defaults: 160 pairs of 256x256 are quick to write and to convert on a CPU, and a small
+# network trained at 64x64 or 128x128 separates these nails from skin within about a minute.
+DEMO_PER_GROUP = 40
+DEMO_GROUPS = 4
+DEMO_SIZE = (256, 256)
+
+
+# ------------------------------------------------------------------------------------------
+# command line: the flags, read before the imports below load DALI
+# ------------------------------------------------------------------------------------------
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(
+        description="Convert PNG image/mask pairs to .npy pairs and a train/valid split."
+    )
+    parser.add_argument(
+        "src",
+        metavar="SRC",
+        help="PNG root: SRC/Images/<group>/<name>.png, SRC/Masks/<group>/<name>.png",
+    )
+    parser.add_argument(
+        "dst",
+        metavar="DST",
+        nargs="?",
+        help="prepared root to write (Images/, Masks/, csv_file/); may be left out with --demo",
+    )
+    parser.add_argument(
+        "--valid-fraction",
+        type=float,
+        default=0.2,
+        help="share of each group's pairs that goes to valid.csv (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--seed", type=int, default=42, help="seed of the train/valid split (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--ignore-index",
+        type=int,
+        help="mask value of pixels to leave out; 255 keeps 255 in every mask, never read as the "
+        "foreground of a binary 0/255 mask",
+    )
+    parser.add_argument(
+        "--demo", action="store_true", help="first write the synthetic demo PNG set into SRC"
+    )
+    parser.add_argument(
+        "--demo-per-group",
+        type=int,
+        default=DEMO_PER_GROUP,
+        help=f"demo pairs in each of its {DEMO_GROUPS} groups (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--demo-size",
+        type=int,
+        default=DEMO_SIZE[0],
+        help="side of the square demo images in pixels (default: %(default)s)",
+    )
+    args = parser.parse_args(argv)
+    if args.dst is None and not args.demo:
+        parser.error("DST is required unless --demo is given")
+    if not 0 < args.valid_fraction < 1:
+        parser.error(
+            f"--valid-fraction must be between 0 and 1 (exclusive), got {args.valid_fraction}"
+        )
+    return args
+
+
+if __name__ == "__main__":
+    parse_args()  # --help and a bad flag answer here, before DALI (through data_sources) loads
+
 import numpy as np
 from PIL import Image, ImageDraw, ImageFilter
 
@@ -82,11 +152,6 @@ LOCK_NAME = ".data_processing.lock"
 # run's.
 LEFTOVER = re.compile(atomic_temp_pattern(".+"))
 
-# Demo defaults: 160 pairs of 256x256 are quick to write and to convert on a CPU, and a small
-# network trained at 64x64 or 128x128 separates these nails from skin within about a minute.
-DEMO_PER_GROUP = 40
-DEMO_GROUPS = 4
-DEMO_SIZE = (256, 256)
 SKIN_TONES = [(241, 194, 167), (224, 172, 140), (198, 134, 102), (160, 105, 75), (250, 214, 185)]
 NAIL_COLOURS = [
     (232, 118, 150),
@@ -679,57 +744,7 @@ def make_demo_images(root, train_per_class=120, val_per_class=30, seed=0):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(
-        description="Convert PNG image/mask pairs to .npy pairs and a train/valid split."
-    )
-    parser.add_argument(
-        "src",
-        metavar="SRC",
-        help="PNG root: SRC/Images/<group>/<name>.png, SRC/Masks/<group>/<name>.png",
-    )
-    parser.add_argument(
-        "dst",
-        metavar="DST",
-        nargs="?",
-        help="prepared root to write (Images/, Masks/, csv_file/); may be left out with --demo",
-    )
-    parser.add_argument(
-        "--valid-fraction",
-        type=float,
-        default=0.2,
-        help="share of each group's pairs that goes to valid.csv (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--seed", type=int, default=42, help="seed of the train/valid split (default: %(default)s)"
-    )
-    parser.add_argument(
-        "--ignore-index",
-        type=int,
-        help="mask value of pixels to leave out; 255 keeps 255 in every mask, never read as the "
-        "foreground of a binary 0/255 mask",
-    )
-    parser.add_argument(
-        "--demo", action="store_true", help="first write the synthetic demo PNG set into SRC"
-    )
-    parser.add_argument(
-        "--demo-per-group",
-        type=int,
-        default=DEMO_PER_GROUP,
-        help=f"demo pairs in each of its {DEMO_GROUPS} groups (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--demo-size",
-        type=int,
-        default=DEMO_SIZE[0],
-        help="side of the square demo images in pixels (default: %(default)s)",
-    )
-    args = parser.parse_args(argv)
-    if args.dst is None and not args.demo:
-        parser.error("DST is required unless --demo is given")
-    if not 0 < args.valid_fraction < 1:
-        parser.error(
-            f"--valid-fraction must be between 0 and 1 (exclusive), got {args.valid_fraction}"
-        )
+    args = parse_args(argv)
     try:
         if args.demo:
             written = make_demo_pngs(

@@ -50,6 +50,79 @@ import tarfile
 from concurrent.futures import ProcessPoolExecutor
 from types import SimpleNamespace
 
+
+def int_in(low, high=None):
+    """An argparse type: an int of at least ``low`` (and at most ``high``), else an error that says
+    so."""
+
+    def parse(text):
+        value = int(text)  # a ValueError is argparse's "invalid int value: 'x'"
+        if value < low or high is not None and value > high:
+            raise argparse.ArgumentTypeError(
+                f"must be {f'in [{low}, {high}]' if high else f'at least {low}'}, got {text}"
+            )
+        return value
+
+    parse.__name__ = "int"
+    return parse
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(
+        description="Convert an ImageFolder root (train/, val/) into TFRecord or "
+        "WebDataset shards with DALI indexes."
+    )
+    parser.add_argument(
+        "src",
+        metavar="SRC",
+        help="ImageFolder root: SRC/train/<class>/<image>, SRC/val/<class>/<image>",
+    )
+    parser.add_argument(
+        "dst", metavar="DST", help="output root: DST/train/, DST/val/ and DST/manifest.json"
+    )
+    parser.add_argument(
+        "--format",
+        required=True,
+        choices=["tfrecord", "wds"],
+        help="tfrecord: TensorFlow's tf.train.Example files; wds: WebDataset tars",
+    )
+    parser.add_argument(
+        "--shard-size", type=int_in(1), default=1024, help="images per shard (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--seed", type=int, default=0, help="seed of the write-time shuffle (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--max-size",
+        type=int_in(1),
+        metavar="S",
+        help="re-encode images whose shorter side exceeds S as JPEGs of shorter side S (default: "
+        "none, every image copied byte for byte)",
+    )
+    parser.add_argument(
+        "--quality",
+        type=int_in(1, 100),
+        default=90,
+        help="JPEG quality of the images --max-size re-encodes (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--workers",
+        type=int_in(1),
+        default=len(os.sched_getaffinity(0)),
+        help="processes writing shards (default: the CPUs this process may use, %(default)s)",
+    )
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace this script's files in DST when they are of another source, "
+        "other settings or another writer (files of other names stay an error)",
+    )
+    return parser.parse_args(argv)
+
+
+if __name__ == "__main__":
+    parse_args()  # --help and a bad flag answer here, before DALI (through data_sources) loads
+
 import google_crc32c
 from PIL import Image
 
@@ -408,73 +481,8 @@ def plan_shards(src, settings):
     return manifest, shards
 
 
-def int_in(low, high=None):
-    """An argparse type: an int of at least ``low`` (and at most ``high``), else an error that says
-    so."""
-
-    def parse(text):
-        value = int(text)  # a ValueError is argparse's "invalid int value: 'x'"
-        if value < low or high is not None and value > high:
-            raise argparse.ArgumentTypeError(
-                f"must be {f'in [{low}, {high}]' if high else f'at least {low}'}, got {text}"
-            )
-        return value
-
-    parse.__name__ = "int"
-    return parse
-
-
 def main(argv=None):
-    parser = argparse.ArgumentParser(
-        description="Convert an ImageFolder root (train/, val/) into TFRecord or "
-        "WebDataset shards with DALI indexes."
-    )
-    parser.add_argument(
-        "src",
-        metavar="SRC",
-        help="ImageFolder root: SRC/train/<class>/<image>, SRC/val/<class>/<image>",
-    )
-    parser.add_argument(
-        "dst", metavar="DST", help="output root: DST/train/, DST/val/ and DST/manifest.json"
-    )
-    parser.add_argument(
-        "--format",
-        required=True,
-        choices=["tfrecord", "wds"],
-        help="tfrecord: TensorFlow's tf.train.Example files; wds: WebDataset tars",
-    )
-    parser.add_argument(
-        "--shard-size", type=int_in(1), default=1024, help="images per shard (default: %(default)s)"
-    )
-    parser.add_argument(
-        "--seed", type=int, default=0, help="seed of the write-time shuffle (default: %(default)s)"
-    )
-    parser.add_argument(
-        "--max-size",
-        type=int_in(1),
-        metavar="S",
-        help="re-encode images whose shorter side exceeds S as JPEGs of shorter side S (default: "
-        "none, every image copied byte for byte)",
-    )
-    parser.add_argument(
-        "--quality",
-        type=int_in(1, 100),
-        default=90,
-        help="JPEG quality of the images --max-size re-encodes (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--workers",
-        type=int_in(1),
-        default=len(os.sched_getaffinity(0)),
-        help="processes writing shards (default: the CPUs this process may use, %(default)s)",
-    )
-    parser.add_argument(
-        "--overwrite",
-        action="store_true",
-        help="replace this script's files in DST when they are of another source, "
-        "other settings or another writer (files of other names stay an error)",
-    )
-    args = parser.parse_args(argv)
+    args = parse_args(argv)
     try:
         make_shards(
             args.src,

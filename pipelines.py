@@ -1002,17 +1002,43 @@ NOISE_CHUNK = 1 << 16
 # at magnitude 9 of 31 shifting by up to 150/331 of the crop. TrivialAugmentWide's translation is
 # DALI's default, torchvision's 32 pixels.
 TORCHVISION_WARP = dict(fill_value=0, interp_type=types.INTERP_LINEAR)
+# DALI's own auto_aug builds sharpness and equalize with fn.experimental.filter and
+# fn.experimental.equalize, aliases DALI 2.x deprecates for fn.filter and fn.equalize: a warning
+# about DALI's code that ours cannot act on. DALI warns under a filter of its own, which overrides
+# any filterwarnings, so the policies catch the warnings they raise and pass on all but these.
+DALI_ALIAS_WARNINGS = tuple(
+    f"WARNING: `nvidia.dali.fn.experimental.{name}` is now deprecated"
+    for name in ("filter", "equalize")
+)
 
 
+def without_dali_alias_warnings(policy):
+    @functools.wraps(policy)
+    def build(crop_size, images):
+        with warnings.catch_warnings(record=True) as caught:
+            augmented = policy(crop_size, images)
+        for w in caught:
+            if not (
+                w.category is DeprecationWarning and str(w.message).startswith(DALI_ALIAS_WARNINGS)
+            ):
+                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno, source=w.source)
+        return augmented
+
+    return build
+
+
+@without_dali_alias_warnings
 def trivial_augment_wide(crop_size, images):
     return trivial_augment.trivial_augment_wide(images, **TORCHVISION_WARP)
 
 
+@without_dali_alias_warnings
 def rand_augment_2_9(crop_size, images):
     shape = dict(shape=(crop_size, crop_size), max_translate_rel=150 / 331)
     return rand_augment.rand_augment(images, n=2, m=9, **shape, **TORCHVISION_WARP)
 
 
+@without_dali_alias_warnings
 def imagenet_auto_augment(crop_size, images):
     return auto_augment.apply_auto_augment(
         torchvision_imagenet_policy(), images, **TORCHVISION_WARP

@@ -7,7 +7,14 @@ import sys
 
 import pytest
 
-from bench import SWEEP_HW_DECODER_LOADS, SWEEP_OPTIONS, SWEEP_THREADS, ddp_report, parse_args
+from bench import (
+    SWEEP_HW_DECODER_LOADS,
+    SWEEP_OPTIONS,
+    SWEEP_THREADS,
+    TORCHVISION_AUTO_AUGMENT,
+    ddp_report,
+    parse_args,
+)
 
 REPO = os.path.dirname(os.path.abspath(__file__))
 QUICK_IMAGES = 64
@@ -169,3 +176,14 @@ def test_ddp_report_gives_each_row_its_share_of_synthetic_and_its_scaling(tmp_pa
     assert "DDP: training img/s on 1 and 2 GPUs" in capsys.readouterr().out
     with open(tmp_path / "ddp.json") as f:
         assert json.load(f)["ddp"] == rows
+
+
+def test_auto_augment_choices_are_the_pipelines_policies():
+    # bench.py names them before pipelines.py loads, so that --help answers at once
+    from pipelines import AUTO_AUGMENT
+
+    for policy in AUTO_AUGMENT:
+        assert parse_args(["--auto-augment", policy]).auto_augment == policy
+    with pytest.raises(SystemExit):
+        parse_args(["--auto-augment", "autoaugment"])
+    assert set(TORCHVISION_AUTO_AUGMENT) == set(AUTO_AUGMENT)

@@ -1,0 +1,78 @@
+"""Every script's --help answers with its usage before torch, DALI or the project modules that load
+them are imported: --help and a bad flag must answer at once."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SCRIPTS = [
+    "train_classify.py",
+    "train_segment.py",
+    "bench.py",
+    "launch.py",
+    "make_shards.py",
+    "data_processing.py",
+]
+HEAVY = ["torch", "torchvision", "nvidia.dali", "numpy", "PIL", "pipelines", "data_sources"]
+
+# Runs the script as `python SCRIPT --help` does, then prints its exit status and the heavy modules
+# it imported.
+HELP_RUN = """
+import json, runpy, sys
+sys.argv = [{script!r}, "--help"]
+try:
+    runpy.run_path({script!r}, run_name="__main__")
+    code = None
+except SystemExit as e:
+    code = e.code
+print(json.dumps(dict(code=code, heavy=[m for m in {heavy!r} if m in sys.modules])))
+"""
+
+
+def help_run(script):
+    proc = subprocess.run(
+        [sys.executable, "-c", HELP_RUN.format(script=script, heavy=HEAVY)],
+        cwd=HERE,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    *help_lines, last = proc.stdout.splitlines()
+    return "\n".join(help_lines), json.loads(last)
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_help_prints_the_usage_without_loading_torch_or_dali(script):
+    if script == "launch.py":
+        help_run(script)  # torchrun's help needs torch once; later ones are kept in .cache/
+    text, result = help_run(script)
+    assert result == dict(code=0, heavy=[])
+    assert text.startswith(f"usage: {script} ")
+
+
+def test_launch_help_is_torchruns(monkeypatch):
+    from torch.distributed.run import get_args_parser
+
+    monkeypatch.setenv("COLUMNS", "100")  # argparse wraps to it, here and in launch.py
+    parser = get_args_parser()
+    parser.prog = "launch.py"
+    for _ in range(2):  # built, then kept
+        proc = subprocess.run(
+            [sys.executable, "launch.py", "--help"], cwd=HERE, capture_output=True, text=True
+        )
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout == parser.format_help()
+
+
+def test_launch_answers_help_before_the_training_script_only():
+    from launch import asks_for_help
+
+    assert asks_for_help(["-h"]) and asks_for_help(["--standalone", "--help"])
+    assert not asks_for_help(["train_classify.py", "--help"])
+    assert not asks_for_help(["--standalone", "train_classify.py", "-h"])
+    assert not asks_for_help([])
