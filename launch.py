@@ -12,11 +12,14 @@ status is 128 + the signal, which a batch script can requeue on.
 import os
 import sys
 
-HELP_CACHE = os.path.join(os.path.dirname(os.path.abspath(__file__)), ".cache", "launch-help")
+USAGE = f"""usage: launch.py [torchrun's flags] TRAINING_SCRIPT [its flags]
+{__doc__}
+torchrun's flags, listed by: python -m torch.distributed.run --help
+"""
 
 
 def asks_for_help(argv):
-    """Whether the command line asks for torchrun's own help: -h or --help before the training
+    """Whether the command line asks for launch.py's own help: -h or --help before the training
     script (after it they are the script's)."""
     for arg in argv:
         if arg in ("-h", "--help"):
@@ -26,41 +29,9 @@ def asks_for_help(argv):
     return False
 
 
-def torchrun_help():
-    """torchrun's --help text. torchrun builds it only after importing torch, which takes seconds,
-    so the text is kept under .cache/ for each torch version, terminal width and program name."""
-    import shutil
-    from importlib import metadata
-
-    prog = os.path.basename(sys.argv[0])
-    try:
-        version = metadata.version("torch")
-    except metadata.PackageNotFoundError:  # a torch without package metadata: no key to keep it by
-        version = None
-    width = shutil.get_terminal_size().columns  # argparse wraps the help to it
-    path = os.path.join(HELP_CACHE, f"{prog}-torch-{version}-{width}.txt")
-    if version is not None and os.path.exists(path):
-        with open(path) as f:
-            return f.read()
-
-    from torch.distributed.run import get_args_parser
-
-    text = get_args_parser().format_help()
-    if version is not None:
-        try:
-            os.makedirs(HELP_CACHE, exist_ok=True)
-            temp = f"{path}.{os.getpid()}.tmp"  # renamed into place: a reader never sees half of it
-            with open(temp, "w") as f:
-                f.write(text)
-            os.replace(temp, path)
-        except OSError:
-            pass  # a read-only checkout: the help is built again next time
-    return text
-
-
 if __name__ == "__main__":
-    if asks_for_help(sys.argv[1:]):
-        sys.stdout.write(torchrun_help())
+    if asks_for_help(sys.argv[1:]):  # torchrun's own help would first spend seconds importing torch
+        sys.stdout.write(USAGE)
         sys.exit(0)
 
     from torch.distributed.elastic.multiprocessing.api import SignalException

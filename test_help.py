@@ -48,25 +48,18 @@ def help_run(script):
 
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_help_prints_the_usage_without_loading_torch_or_dali(script):
-    if script == "launch.py":
-        help_run(script)  # torchrun's help needs torch once; later ones are kept in .cache/
     text, result = help_run(script)
     assert result == dict(code=0, heavy=[])
     assert text.startswith(f"usage: {script} ")
 
 
-def test_launch_help_is_torchruns(monkeypatch):
-    from torch.distributed.run import get_args_parser
-
-    monkeypatch.setenv("COLUMNS", "100")  # argparse wraps to it, here and in launch.py
-    parser = get_args_parser()
-    parser.prog = "launch.py"
-    for _ in range(2):  # built, then kept
-        proc = subprocess.run(
-            [sys.executable, "launch.py", "--help"], cwd=HERE, capture_output=True, text=True
-        )
-        assert proc.returncode == 0, proc.stderr
-        assert proc.stdout == parser.format_help()
+def test_launch_help_says_what_it_adds_and_where_torchruns_flags_are():
+    proc = subprocess.run(
+        [sys.executable, "launch.py", "--help"], cwd=HERE, capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "every stop signal reaches the workers" in proc.stdout
+    assert "python -m torch.distributed.run --help" in proc.stdout
 
 
 def test_launch_answers_help_before_the_training_script_only():
