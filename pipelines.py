@@ -248,33 +248,7 @@ class ClassifyTrainPipeline(_ClassifyPipeline):
             random_erase=bool(random_erase),
             progressive_resize=crop_sizes is not None,
         )
-        size = [crop_size, crop_size]
-        crop = dict(
-            random_area=list(random_area),
-            random_aspect_ratio=list(random_aspect_ratio),
-            num_attempts=CROP_ATTEMPTS,
-        )
-        if self.cached:  # the whole image, cached, then the random crop of it on the GPU
-            self.decode = ops.decoders.Image(
-                device="mixed", output_type=types.RGB, **self.decoder_args
-            )
-            self.crop = ops.RandomResizedCrop(
-                device="gpu", size=size, **crop, interp_type=types.INTERP_TRIANGULAR, antialias=True
-            )
-        else:  # decoding only the random crop's window saves work on large images
-            self.decode = ops.decoders.ImageRandomCrop(
-                device=self.decoder_device, output_type=types.RGB, **crop, **self.decoder_args
-            )
-        if crop_sizes is not None:
-            # The size comes into the graph as an input read every batch, not as an operator's
-            # fixed argument: the one pipeline (and its decoder cache) serves every epoch. A cached
-            # image's crop, at crop_size, is resized again to the epoch's.
-            self.epoch_crop_size = ops.ExternalSource(
-                source=self.batch_crop_sizes, batch=True, batch_info=True
-            )
-            self.resize = antialiased_resize(device_id, num_threads, None)
-        elif not self.cached:
-            self.resize = antialiased_resize(device_id, num_threads, size)
+        self.build_crop(crop_size, random_area, random_aspect_ratio, crop_sizes)
         self.flip = ops.random.CoinFlip(probability=0.5)
         if auto_augment is not None:
             self.build_auto_augment(auto_augment, crop_size)
@@ -282,7 +256,7 @@ class ClassifyTrainPipeline(_ClassifyPipeline):
         cast_after_erase = random_erase and self.dtype == types.FLOAT16
         dtype = types.FLOAT if cast_after_erase else self.dtype
         if crop_sizes is None:
-            self.normalize = self.imagenet_normalize(dtype, crop=size)
+            self.normalize = self.imagenet_normalize(dtype, crop=(crop_size, crop_size))
         else:  # nothing left to crop: the crop was resized to the epoch's size
             self.normalize = self.imagenet_normalize(dtype)
         if random_erase:
@@ -307,6 +281,38 @@ class ClassifyTrainPipeline(_ClassifyPipeline):
         if graph["random_erase"]:
             images = self.erase_random_box(images)
         return images, labels
+
+    def build_crop(self, crop_size, random_area, random_aspect_ratio, crop_sizes):
+        """torchvision's RandomResizedCrop: the decoder decodes the random crop's window and it is
+        resized to crop_size; with the cache, the decoder decodes the whole image and the crop is
+        cut and resized on the GPU; with crop_sizes, resized to each epoch's size."""
+        size = [crop_size, crop_size]
+        crop = dict(
+            random_area=list(random_area),
+            random_aspect_ratio=list(random_aspect_ratio),
+            num_attempts=CROP_ATTEMPTS,
+        )
+        if self.cached:  # the whole image, cached, then the random crop of it on the GPU
+            self.decode = ops.decoders.Image(
+                device="mixed", output_type=types.RGB, **self.decoder_args
+            )
+            self.crop = ops.RandomResizedCrop(
+                device="gpu", size=size, **crop, interp_type=types.INTERP_TRIANGULAR, antialias=True
+            )
+        else:  # decoding only the random crop's window saves work on large images
+            self.decode = ops.decoders.ImageRandomCrop(
+                device=self.decoder_device, output_type=types.RGB, **crop, **self.decoder_args
+            )
+        if crop_sizes is not None:
+            # The size comes into the graph as an input read every batch, not as an operator's
+            # fixed argument: the one pipeline (and its decoder cache) serves every epoch. A cached
+            # image's crop, at crop_size, is resized again to the epoch's.
+            self.epoch_crop_size = ops.ExternalSource(
+                source=self.batch_crop_sizes, batch=True, batch_info=True
+            )
+            self.resize = antialiased_resize(self.device_id, self.num_threads, None)
+        elif not self.cached:
+            self.resize = antialiased_resize(self.device_id, self.num_threads, size)
 
     def build_auto_augment(self, name, crop_size):
         self.policy, self.crop_size = choice("auto_augment", name, AUTO_AUGMENT), crop_size
