@@ -455,6 +455,19 @@ def test_resume_with_another_pipeline_graph_is_refused(tmp_path, first, then, to
     assert_one_line_error(proc, f"--resume {path}: taken with {told}; resume with the same")
 
 
+@gpu
+def test_gpu_checkpoint_resumed_with_dali_on_the_cpu_is_refused_in_one_line(tmp_path):
+    # a GPU run's graph holds mixed and GPU operators that a CPU-only pipeline lacks
+    root, out = tiny_imagefolder(str(tmp_path / "d")), str(tmp_path / "o")
+    tiny_run(root, out, "--device", "cuda", "--dali-device", "gpu", env=os.environ)
+    path = os.path.join(out, "checkpoint.pth")
+    graph = torch.load(path, weights_only=True)["graph"]
+    assert (graph["dali_device"], graph["decoder"]) == ("gpu", "mixed")
+    flags = ("--device", "cuda", "--dali-device", "cpu", "--epochs", "2", "--resume", path)
+    proc = tiny_run(root, out, *flags, check=False, env=os.environ)
+    assert_one_line_error(proc, f"--resume {path}: taken with --dali-device gpu, this run has cpu")
+
+
 def test_resume_with_another_batch_size_is_refused(demo_run):
     proc = run(
         "--data",
