@@ -507,6 +507,26 @@ def test_resume_follows_the_data_it_trained_on_not_its_path(tmp_path):
     assert [e["epoch"] for e in records(out, "epoch")] == [1, 2, 3]
 
 
+def folder_bytes(out):
+    return {n: open(os.path.join(out, n), "rb").read() for n in sorted(os.listdir(out))}
+
+
+def test_a_refused_resume_leaves_the_run_folder_as_it_was(tmp_path):
+    """best.pth older than checkpoint.pth, resumed with another batch size: refused before
+    metrics.jsonl loses the later epochs' records, or anything else in the folder changes."""
+    root, out = tiny_imagefolder(str(tmp_path / "d")), str(tmp_path / "o")
+    tiny_run(root, out, "--epochs", "2")
+    best = os.path.join(out, "best.pth")
+    ckpt = torch.load(os.path.join(out, "checkpoint.pth"), weights_only=True)
+    ckpt.update(epoch=1, global_step=ckpt["step"])  # as best.pth is when epoch 2 scored lower
+    torch.save(ckpt, best)
+    before = folder_bytes(out)
+    proc = tiny_run(root, out, "--epochs", "2", "--batch-size", "2", "--resume", best, check=False)
+    assert_one_line_error(proc, f"--resume {best}: taken with 1 process(es) x batch 4")
+    assert folder_bytes(out) == before
+    assert [e["epoch"] for e in records(out, "epoch")] == [1, 2]
+
+
 # ------------------------------------------------------------------------------------------
 # recipe switches
 # ------------------------------------------------------------------------------------------
@@ -923,7 +943,7 @@ def test_a_full_disk_at_start_or_resume_is_one_line_and_keeps_the_run(tmp_path, 
         timeout=600,
         env={**CPU_ENV, "FULL_DIR": out},
     )
-    if resuming:  # lock_run_dir rewrites metrics.jsonl without the steps to run again
+    if resuming:  # RunLog.begin rewrites metrics.jsonl without the steps to run again
         assert_one_line_error(proc, f"{out}/metrics.jsonl: could not rewrite it (No space left")
         assert {n: open(os.path.join(out, n), "rb").read() for n in os.listdir(out)} == before
     else:  # the first record of a new run

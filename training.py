@@ -3,7 +3,8 @@ train_segment.py.
 
     processes and devices   setup_distributed, autocast, all_reduce_sum, sync_buffers
     model and optimizer     prepare_model (DDP, EMA, optimizer, schedule, scaler), load_weights
-    run folder and log      open_run: the run's folder, locked; its log (stdout, metrics.jsonl)
+    run folder and log      open_run: the run's folder, locked; its log (stdout, metrics.jsonl),
+                            written from RunLog.begin on, once every check has passed
     checkpoints             Checkpoints (atomic save), checkpoint_to_resume, check_resumable
                             (and check_same_graph), resume
     the loop's bookkeeping  StepLog: data wait, NaN checks, the windowed all-reduce, ETA, saves
@@ -11,7 +12,9 @@ train_segment.py.
 
 What happens on SIGTERM reads here alone: StopSignals catches it; every process agrees on the step
 to stop at (StepLog.after_step); that step's checkpoint is saved (Checkpoints.save); the process
-exits with 128 + the signal (StopSignals.exit).
+exits with 128 + the signal (StopSignals.exit). What happens at a resume reads here too: the
+checks (checkpoint_to_resume, lock_run_dir, check_resumable, resume) come before anything in the run
+folder changes (RunLog.begin).
 """
 
 import argparse
@@ -349,17 +352,44 @@ _unstarted = []
 class RunLog:
     """A run's log: ``log(record, line)`` prints the line and appends the record, with its "time"
     (seconds since the Unix epoch), to the run folder's metrics.jsonl, and with --tensorboard its
-    numbers to TensorBoard. Only the main process writes. ``dir`` is the run folder, or None."""
+    numbers to TensorBoard. Only the main process writes. ``dir`` is the run folder, or None.
+    Until ``begin`` the records wait in memory and the folder stays as it was: a start that a
+    later check refuses (a resume with another batch size, say) loses nothing there."""
 
-    def __init__(self, run_dir, world, tensorboard):
+    def __init__(self, run_dir, world, tensorboard, keep=None):
         self.dir, self.main, self.started = run_dir, world.main, time.time()
-        self.writer = tensorboard_writer(run_dir) if tensorboard and run_dir else None
+        # the package is looked for now, with the other checks; its writer makes files, so later
+        self.summary_writer = summary_writer() if tensorboard and run_dir else None
+        self.writer, self.keep, self.held = None, keep, []
 
     def __call__(self, record, line):
         if not self.main:
             return
         print(line, flush=True)
         record = {**record, "time": time.time()}
+        if self.held is None:
+            self.write(record)
+        else:
+            self.held.append(record)
+
+    def begin(self):
+        """Every check that can refuse the run has passed: from here the run folder changes.
+        metrics.jsonl keeps only the records ``keep`` accepts (see lock_run_dir), what killed saves
+        left goes, and the records logged so far are written."""
+        held, self.held = self.held, None
+        if not self.dir or not self.main:
+            return
+        if self.keep:
+            trim_log(os.path.join(self.dir, "metrics.jsonl"), self.keep)
+        for name in os.listdir(self.dir):  # the lock says no other run saves here
+            if ".pth.tmp-" in name or name.endswith(".partial"):
+                os.remove(os.path.join(self.dir, name))
+        if self.summary_writer:
+            self.writer = self.summary_writer(self.dir, flush_secs=10)
+        for record in held:
+            self.write(record)
+
+    def write(self, record):
         if self.dir:
             path = os.path.join(self.dir, "metrics.jsonl")
             try:
@@ -410,8 +440,8 @@ def open_run(args, world, ckpt, runs_dir):
             out = new_run_dir(runs_dir)
         elif not os.path.exists(out):
             _unstarted.append(out)
-        lock_run_dir(out, args, ckpt)
-    return RunLog(out, world, args.tensorboard)
+        keep = lock_run_dir(out, args, ckpt)
+    return RunLog(out, world, args.tensorboard, keep)
 
 
 def new_run_dir(runs_dir):
@@ -436,20 +466,22 @@ def parsed_record(line):
     return record if isinstance(record, dict) else None
 
 
-def tensorboard_writer(out):
+def summary_writer():
     try:
         from torch.utils.tensorboard import SummaryWriter
     except ImportError:
         raise UsageError(
             "--tensorboard: needs the tensorboard package (pip install tensorboard)"
         ) from None
-    return SummaryWriter(out, flush_secs=10)
+    return SummaryWriter
 
 
 def lock_run_dir(out, args, ckpt):
     """Refused: a folder another run writes to, or, without --overwrite, one holding another run's
-    checkpoint. metrics.jsonl keeps each record once: a resumed run's from its checkpoint's step on,
-    a new run's alone, beside any --evaluate scores written there (--overwrite drops them)."""
+    checkpoint. Returns which of metrics.jsonl's records the run keeps (None: all), for
+    RunLog.begin: each record once, a resumed run's from its checkpoint's step on, a new run's
+    alone, beside any --evaluate scores written there (--overwrite drops them). Nothing in the
+    folder changes here but the lock."""
     if os.path.exists(out) and not os.path.isdir(out):
         raise UsageError(f"--output-dir {out}: is a file, not a folder")
     try:
@@ -474,15 +506,14 @@ def lock_run_dir(out, args, ckpt):
             f"{os.path.join(out, previous[0])} to continue it or --overwrite to replace it"
         )
     metrics = os.path.join(out, "metrics.jsonl")
-    if os.path.exists(metrics) and not args.evaluate:
-        if continuing:  # the steps after the checkpoint run again: their records go
-            last = ckpt.get("global_step", math.inf)
-            trim_log(metrics, lambda r: r.get("global_step", 0) <= last)
-        elif args.overwrite or not previous:  # a new run's log; --evaluate's scores stay
-            trim_log(metrics, lambda r: r.get("type") == "eval" and not args.overwrite)
-    for name in os.listdir(out):  # what a killed save left; the lock says no other run saves here
-        if ".pth.tmp-" in name or name.endswith(".partial"):
-            os.remove(os.path.join(out, name))
+    if not os.path.exists(metrics) or args.evaluate:
+        return None
+    if continuing:  # the steps after the checkpoint run again: their records go
+        last = ckpt.get("global_step", math.inf)
+        return lambda r: r.get("global_step", 0) <= last
+    if args.overwrite or not previous:  # a new run's log; --evaluate's scores stay
+        return lambda r: r.get("type") == "eval" and not args.overwrite
+    return None
 
 
 def trim_log(metrics, keep):
