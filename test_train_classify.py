@@ -527,6 +527,56 @@ def test_a_refused_resume_leaves_the_run_folder_as_it_was(tmp_path):
     assert [e["epoch"] for e in records(out, "epoch")] == [1, 2]
 
 
+def test_a_log_edited_by_hand_or_linked_elsewhere_resumes_and_keeps_its_lines(tmp_path):
+    """metrics.jsonl as another tool may leave it: records with a step that is not a number, a
+    byte that is not UTF-8, a symbolic link to a file elsewhere; a folder in its place is refused
+    in one line, as is a mid-epoch checkpoint whose loss sums were edited; the link stays one."""
+    root, out = tiny_imagefolder(str(tmp_path / "d")), str(tmp_path / "o")
+    tiny_run(root, out)
+    path, metrics = os.path.join(out, "checkpoint.pth"), os.path.join(out, "metrics.jsonl")
+    elsewhere = str(tmp_path / "elsewhere.jsonl")
+    shutil.move(metrics, elsewhere)
+    os.mkdir(metrics)
+    proc = tiny_run(root, out, "--epochs", "2", "--resume", path, check=False)
+    assert_one_line_error(proc, f"{metrics}: is a folder, not the run's log")
+    os.rmdir(metrics)
+    edited = [
+        b'{"type": "note", "epoch": 1, "step": "x", "global_step": "x"}',
+        b'{"type": "note", "epoch": 1, "step": null, "global_step": null}',
+        b'{"type": "note", "text": "caf\xe9"}',  # Latin-1, not UTF-8
+    ]
+    with open(elsewhere, "ab") as f:
+        f.write(b"\n".join(edited) + b"\n")
+    os.symlink(elsewhere, metrics)
+    logged = open(elsewhere, "rb").read()
+    bad = os.path.join(out, "bad.pth")
+    ckpt = torch.load(path, weights_only=True)
+    ckpt.update(step=1, loss_sum="x")  # mid-epoch, its loss sums edited
+    torch.save(ckpt, bad)
+    proc = tiny_run(root, out, "--epochs", "2", "--resume", bad, check=False)
+    assert_one_line_error(proc, f"--resume {bad}: its loss_sum is not 1 finite number(s), one a")
+    assert open(elsewhere, "rb").read() == logged and os.path.islink(metrics)
+    tiny_run(root, out, "--epochs", "2", "--resume", path)
+    assert os.path.islink(metrics) and os.path.realpath(metrics) == os.path.realpath(elsewhere)
+    lines = open(elsewhere, "rb").read().splitlines()
+    assert lines[: len(logged.splitlines())] == logged.splitlines()  # each line as it was
+    epochs = [json.loads(line.decode("utf-8", "replace")) for line in lines]
+    assert [r["epoch"] for r in epochs if r["type"] == "epoch"] == [1, 2]
+
+
+@pytest.mark.parametrize("loss_sum", ["x", None, [0.5, 0.5], [math.nan], [True], ["0.5"]])
+def test_a_mid_epoch_checkpoint_with_bad_loss_sums_is_refused_in_one_line(loss_sum):
+    with pytest.raises(training.UsageError) as refused:
+        training.resumed_loss_sum(
+            {"loss_sum": loss_sum}, argparse.Namespace(resume="c.pth"), ONE_CPU_PROCESS
+        )
+    assert str(refused.value).startswith("--resume c.pth: its loss_sum is not 1 finite number(s)")
+    assert training.resumed_loss_sum({"loss_sum": [0.5]}, None, ONE_CPU_PROCESS) == 0.5
+    assert (
+        training.resumed_loss_sum({}, None, ONE_CPU_PROCESS) == 0.0
+    )  # a checkpoint older than the sums
+
+
 # ------------------------------------------------------------------------------------------
 # recipe switches
 # ------------------------------------------------------------------------------------------
@@ -904,7 +954,7 @@ sys.path.insert(0, os.path.dirname(sys.argv[1]))
 real_open, full = builtins.open, os.environ["FULL_DIR"]
 def open_on_a_full_disk(path, mode="r", *args, **kwargs):
     if str(path).startswith(full) and set(mode) & set("wax"):
-        return real_open("/dev/full", "w", *args, **kwargs)
+        return real_open("/dev/full", "wb" if "b" in mode else "w", *args, **kwargs)
     return real_open(path, mode, *args, **kwargs)
 builtins.open = open_on_a_full_disk
 sys.argv = sys.argv[1:]

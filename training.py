@@ -478,10 +478,10 @@ def summary_writer():
 
 def lock_run_dir(out, args, ckpt):
     """Refused: a folder another run writes to, or, without --overwrite, one holding another run's
-    checkpoint. Returns which of metrics.jsonl's records the run keeps (None: all), for
-    RunLog.begin: each record once, a resumed run's from its checkpoint's step on, a new run's
-    alone, beside any --evaluate scores written there (--overwrite drops them). Nothing in the
-    folder changes here but the lock."""
+    checkpoint, or whose metrics.jsonl is a folder. Returns which of metrics.jsonl's records the
+    run keeps (None: all), for RunLog.begin: each record once, a resumed run's from its
+    checkpoint's step on, a new run's alone, beside any --evaluate scores written there
+    (--overwrite drops them). Nothing in the folder changes here but the lock."""
     if os.path.exists(out) and not os.path.isdir(out):
         raise UsageError(f"--output-dir {out}: is a file, not a folder")
     try:
@@ -506,24 +506,44 @@ def lock_run_dir(out, args, ckpt):
             f"{os.path.join(out, previous[0])} to continue it or --overwrite to replace it"
         )
     metrics = os.path.join(out, "metrics.jsonl")
+    if os.path.isdir(metrics):
+        raise UsageError(f"{metrics}: is a folder, not the run's log; move it away or delete it")
     if not os.path.exists(metrics) or args.evaluate:
         return None
     if continuing:  # the steps after the checkpoint run again: their records go
         last = ckpt.get("global_step", math.inf)
-        return lambda r: r.get("global_step", 0) <= last
+        return lambda r: not logged_after(r, last)
     if args.overwrite or not previous:  # a new run's log; --evaluate's scores stay
         return lambda r: r.get("type") == "eval" and not args.overwrite
     return None
 
 
+def logged_after(record, last):
+    """Whether ``record`` is of a step after global step ``last``; one whose step is not a number
+    (written by hand or by another tool) is kept, as one without a step is."""
+    step = record.get("global_step")
+    return isinstance(step, (int, float)) and not isinstance(step, bool) and step > last
+
+
 def trim_log(metrics, keep):
-    """metrics.jsonl with only the records ``keep`` accepts. A record torn by a kill while it was
-    being appended (or an empty line) goes too: no resume should trip on it."""
-    with open(metrics) as f:
-        records = [parsed_record(line) for line in f]
+    """metrics.jsonl with only the records ``keep`` accepts, each line as it was. A record torn by
+    a kill while it was being appended (or an empty line, or one that is not a record) goes too:
+    no resume should trip on it. A byte that is not UTF-8 is read as U+FFFD and written back as it
+    was. A symbolic link stays one: the file it points to is rewritten."""
     try:
-        with atomic_open(metrics, "w") as f:
-            f.writelines(json.dumps(r) + "\n" for r in records if r and keep(r))
+        with open(metrics, "rb") as f:
+            lines = f.read().splitlines()
+    except OSError as e:
+        raise UsageError(f"{metrics}: cannot read the run's log ({e.strerror})") from None
+    kept = []
+    for line in lines:
+        record = parsed_record(line.decode("utf-8", errors="replace"))
+        if record and keep(record):
+            kept.append(line + b"\n")
+    path = os.path.realpath(metrics) if os.path.islink(metrics) else metrics  # a link stays one
+    try:
+        with atomic_open(path, "wb") as f:
+            f.writelines(kept)
     except OSError as e:  # a full disk
         raise UsageError(f"{metrics}: could not rewrite it ({e.strerror}); it is kept") from None
 
@@ -786,12 +806,27 @@ def resume(ckpt, args, world, state, steps, log):
             f"--resume {args.resume}: its run is complete ({ckpt['epoch']} of {args.epochs} "
             f"epochs, best {ckpt['best']:.3f}); nothing to train"
         )
+    loss_sum = resumed_loss_sum(ckpt, args, world) if first_step else 0.0
     log(
         {"type": "resume", "epoch": start_epoch, "step": first_step},
         f"resumed from {args.resume}: epoch {start_epoch}, after step {first_step} of {steps}",
     )
-    loss_sum = ckpt.get("loss_sum", [0.0] * world.size)[world.rank] if first_step else 0.0
     return start_epoch, first_step, ckpt["best"], loss_sum
+
+
+def resumed_loss_sum(ckpt, args, world):
+    """This process's loss summed over the epoch's steps before a mid-epoch checkpoint (the
+    epoch's mean loss needs it); 0 from a checkpoint older than the sums. Anything else than a
+    finite number for each process is refused in one line."""
+    sums = ckpt.get("loss_sum", [0.0] * world.size)
+    numbers = isinstance(sums, (list, tuple)) and len(sums) == world.size
+    if not numbers or not all(type(s) in (int, float) and math.isfinite(s) for s in sums):
+        raise UsageError(
+            f"--resume {args.resume}: its loss_sum is not {world.size} finite number(s), one a "
+            f"process, as {os.path.basename(sys.argv[0])} writes it (an edited or damaged file); "
+            f"start anew, or --weights it"
+        )
+    return sums[world.rank]
 
 
 # ------------------------------------------------------------------------------------------
