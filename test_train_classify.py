@@ -527,6 +527,54 @@ def test_a_refused_resume_leaves_the_run_folder_as_it_was(tmp_path):
     assert [e["epoch"] for e in records(out, "epoch")] == [1, 2]
 
 
+def test_a_resume_with_more_epochs_takes_up_their_schedule_and_says_what_it_ignores(tmp_path):
+    """--epochs 3 after 2: the lr from the checkpoint's step on is a 3-epoch run's, falling to its
+    end (the 2-epoch cosine, past its end, would climb); --weights beside --resume and the decoder
+    cache of DALI on the CPU are said to be ignored."""
+    root = tiny_imagefolder(str(tmp_path / "d"), per_class=6)
+    whole, extended = str(tmp_path / "whole"), str(tmp_path / "extended")
+    tiny_run(root, whole, "--epochs", "3")
+    proc = tiny_run(root, extended, "--epochs", "2", "--decoder-cache", "on")
+    assert (
+        "decoder cache off (on): DALI runs on the CPU, and its cache holds only what its GPU "
+        in (proc.stdout)
+    )
+    path, weights = os.path.join(extended, "checkpoint.pth"), os.path.join(whole, "best.pth")
+    flags = ("--epochs", "3", "--resume", path, "--weights", weights, "--decoder-cache", "on")
+    lines = tiny_run(root, extended, *flags).stdout.splitlines()
+    assert f"--weights {weights}: not loaded; --resume {path} brings its own weights" in lines
+    assert "decoder cache off, as its run had it: --decoder-cache on is not taken at a resume" in (
+        lines
+    )
+    lrs = [r["lr"] for r in records(whole, "train")]  # a step's record: the lr of the next
+    steps, was = records(whole, "train")[0]["steps"], records(extended, "train")[-1]["lr"]
+    told = (
+        f"--resume {path}: --epochs 3 (its run had 2): the lr schedule is this run's, taken up at "
+        f"step {2 * steps}: lr {lrs[2 * steps - 1]:.5f}, where its run's was at {was:.5f}"
+    )
+    assert told in lines
+    after = [r["lr"] for r in records(extended, "train") if r["epoch"] == 3]
+    assert after == pytest.approx(lrs[2 * steps :], rel=1e-12)
+    assert after[0] <= lrs[2 * steps - 1] and after == sorted(after, reverse=True)
+    assert after[-1] == pytest.approx(0.0, abs=1e-12)  # --lr-min, at the new end
+
+
+def test_a_progressive_resize_ramp_that_ends_after_the_run_says_so():
+    said = []
+    for end in (10, 4):
+        args = train_classify.parse_args(
+            ["--data", "x", "--epochs", "4", "--progressive-resize", "128", "2", str(end)]
+        )
+        train_classify.log_unfinished_ramp(args, lambda record, line: said.append((record, line)))
+    assert said == [  # the ramp to epoch 4 ends with the run: nothing to say
+        (
+            {"type": "progressive_resize", "last_crop_size": 160},
+            "--progressive-resize: its ramp ends at epoch 10, after this run's last (4): the "
+            "training crop grows to 160, not to --train-crop-size 224",
+        )
+    ]
+
+
 def test_a_log_edited_by_hand_or_linked_elsewhere_resumes_and_keeps_its_lines(tmp_path):
     """metrics.jsonl as another tool may leave it: records with a step that is not a number, a
     byte that is not UTF-8, a symbolic link to a file elsewhere; a folder in its place is refused

@@ -14,7 +14,7 @@ What happens on SIGTERM reads here alone: StopSignals catches it; every process 
 to stop at (StepLog.after_step); that step's checkpoint is saved (Checkpoints.save); the process
 exits with 128 + the signal (StopSignals.exit). What happens at a resume reads here too: the
 checks (checkpoint_to_resume, lock_run_dir, check_resumable, resume) come before anything in the run
-folder changes (RunLog.begin).
+folder changes (RunLog.begin); other schedule flags give their schedule (follow_schedule_flags).
 """
 
 import argparse
@@ -29,6 +29,7 @@ import signal
 import sys
 import time
 import traceback
+import warnings
 from types import SimpleNamespace
 
 import torch
@@ -679,6 +680,11 @@ def checkpoint_to_resume(args, as_trained=()):
             f"--resume {args.resume}: lacks {', '.join(missing)}, which {script} writes in every "
             f"checkpoint (an older version's or an edited file); start anew, or --weights it"
         )
+    if args.weights and (not dist.is_initialized() or dist.get_rank() == 0):
+        print(
+            f"--weights {args.weights}: not loaded; --resume {args.resume} brings its own weights",
+            flush=True,
+        )
     if not scoring and args.loader == "dali" and not ckpt.get("dali"):
         raise UsageError(
             f"--resume {args.resume}: holds no DALI state (its run had --loader synthetic), so "
@@ -811,6 +817,7 @@ def resume(ckpt, args, world, state, steps, log):
         {"type": "resume", "epoch": start_epoch, "step": first_step},
         f"resumed from {args.resume}: epoch {start_epoch}, after step {first_step} of {steps}",
     )
+    follow_schedule_flags(ckpt, args, state, steps, log)
     return start_epoch, first_step, ckpt["best"], loss_sum
 
 
@@ -827,6 +834,50 @@ def resumed_loss_sum(ckpt, args, world):
             f"start anew, or --weights it"
         )
     return sums[world.rank]
+
+
+# The flags that shape the lr schedule besides --lr (the optimizer's state holds that).
+SCHEDULE_FLAGS = (
+    "epochs",
+    "lr_scheduler",
+    "lr_warmup_epochs",
+    "lr_warmup_method",
+    "lr_warmup_decay",
+    "lr_min",
+    "lr_step_size",
+    "lr_gamma",
+)
+
+
+def follow_schedule_flags(ckpt, args, state, steps, log):
+    """A resume with other schedule flags than its run's (--epochs 3 after 2, say) gets the
+    schedule those flags give, at the checkpoint's step, as a run started with them would have
+    it, and one line says so; the checkpoint's own schedule would go on past its end (a cosine
+    climbs back to the peak)."""
+    saved = ckpt["args"]
+    changed = [k for k in SCHEDULE_FLAGS if k in saved and saved[k] != getattr(args, k)]
+    if not changed:
+        return
+    optimizer, done = state["optimizer"], ckpt.get("global_step")
+    if done is None:  # a checkpoint from before global_step was saved
+        done = (ckpt["epoch"] - 1) * steps + ckpt["step"]
+    was = optimizer.param_groups[0]["lr"]
+    for group in optimizer.param_groups:  # as a new run's optimizer starts, at the full lr
+        group["lr"] = group["initial_lr"]
+    scheduler = make_scheduler(optimizer, args, steps)
+    with warnings.catch_warnings():  # torch warns of a scheduler stepped before the optimizer
+        warnings.simplefilter("ignore")
+        for _ in range(done):
+            scheduler.step()
+    state["scheduler"] = scheduler
+    now = optimizer.param_groups[0]["lr"]
+    flags = ", ".join(f"--{k.replace('_', '-')} {getattr(args, k)}" for k in changed)
+    had = ", ".join(str(saved[k]) for k in changed)
+    log(
+        {"type": "schedule", "changed": {k: [saved[k], getattr(args, k)] for k in changed}},
+        f"--resume {args.resume}: {flags} (its run had {had}): the lr schedule is this run's, "
+        f"taken up at step {done}: lr {now:.5f}, where its run's was at {was:.5f}",
+    )
 
 
 # ------------------------------------------------------------------------------------------
