@@ -1093,8 +1093,15 @@ def plan_decoder_cache(mode, pipes, free_mb):
     ``free_mb``, the GPU's free memory, the rest left to the model), or a number of MB: a cache of
     that size, holding the images that fit, the others decoded whole every epoch. DALI keeps one
     cache per GPU for every decoder of the process, so all of ``pipes`` get the same size."""
-    if mode == "off" or pipes[0].device_id is None:
+    if mode == "off":
         return None, None
+    if pipes[0].device_id is None:  # DALI on the CPU: said when asked for, auto means "if it can"
+        if mode == "auto":
+            return None, None
+        return None, (
+            f"decoder cache off ({mode}): DALI runs on the CPU, and its cache holds only what its "
+            f"GPU decoder decodes"
+        )
     why = None
     if remote(pipes[0].read.data_dir):  # the estimate reads a sample of the images from Python
         why = "not for data in object storage, whose images it cannot sample"

@@ -617,10 +617,15 @@ def test_cpu_pipelines_ignore_the_decoder_cache(texture_folder):
         for kwargs in ({}, {"decoder_cache": 64})
     )
     assert same_batches(plain, told)
-    # however much GPU memory is said to be free (the trainer passes torch.cuda.mem_get_info's)
-    assert data_sources.plan_decoder_cache(
-        "on", [ClassifyValPipeline(2, 1, None, str(texture_folder))], 80 * 1024
-    ) == (None, None)
+    # however much GPU memory is said to be free (the trainer passes torch.cuda.mem_get_info's);
+    # asked for, it says so in one line, auto says nothing
+    on_cpu = [ClassifyValPipeline(2, 1, None, str(texture_folder))]
+    assert data_sources.plan_decoder_cache("on", on_cpu, 80 * 1024) == (
+        None,
+        "decoder cache off (on): DALI runs on the CPU, and its cache holds only what its GPU "
+        "decoder decodes",
+    )
+    assert data_sources.plan_decoder_cache("auto", on_cpu, 80 * 1024) == (None, None)
 
 
 def test_the_decoder_cache_plan_holds_what_fits(texture_folder):

@@ -507,6 +507,124 @@ def test_resume_follows_the_data_it_trained_on_not_its_path(tmp_path):
     assert [e["epoch"] for e in records(out, "epoch")] == [1, 2, 3]
 
 
+def folder_bytes(out):
+    return {n: open(os.path.join(out, n), "rb").read() for n in sorted(os.listdir(out))}
+
+
+def test_a_refused_resume_leaves_the_run_folder_as_it_was(tmp_path):
+    """best.pth older than checkpoint.pth, resumed with another batch size: refused before
+    metrics.jsonl loses the later epochs' records, or anything else in the folder changes."""
+    root, out = tiny_imagefolder(str(tmp_path / "d")), str(tmp_path / "o")
+    tiny_run(root, out, "--epochs", "2")
+    best = os.path.join(out, "best.pth")
+    ckpt = torch.load(os.path.join(out, "checkpoint.pth"), weights_only=True)
+    ckpt.update(epoch=1, global_step=ckpt["step"])  # as best.pth is when epoch 2 scored lower
+    torch.save(ckpt, best)
+    before = folder_bytes(out)
+    proc = tiny_run(root, out, "--epochs", "2", "--batch-size", "2", "--resume", best, check=False)
+    assert_one_line_error(proc, f"--resume {best}: taken with 1 process(es) x batch 4")
+    assert folder_bytes(out) == before
+    assert [e["epoch"] for e in records(out, "epoch")] == [1, 2]
+
+
+def test_a_resume_with_more_epochs_takes_up_their_schedule_and_says_what_it_ignores(tmp_path):
+    """--epochs 3 after 2: the lr from the checkpoint's step on is a 3-epoch run's, falling to its
+    end (the 2-epoch cosine, past its end, would climb); --weights beside --resume and the decoder
+    cache of DALI on the CPU are said to be ignored."""
+    root = tiny_imagefolder(str(tmp_path / "d"), per_class=6)
+    whole, extended = str(tmp_path / "whole"), str(tmp_path / "extended")
+    tiny_run(root, whole, "--epochs", "3")
+    proc = tiny_run(root, extended, "--epochs", "2", "--decoder-cache", "on")
+    assert (
+        "decoder cache off (on): DALI runs on the CPU, and its cache holds only what its GPU "
+        in (proc.stdout)
+    )
+    path, weights = os.path.join(extended, "checkpoint.pth"), os.path.join(whole, "best.pth")
+    flags = ("--epochs", "3", "--resume", path, "--weights", weights, "--decoder-cache", "on")
+    lines = tiny_run(root, extended, *flags).stdout.splitlines()
+    assert f"--weights {weights}: not loaded; --resume {path} brings its own weights" in lines
+    assert "decoder cache off, as its run had it: --decoder-cache on is not taken at a resume" in (
+        lines
+    )
+    lrs = [r["lr"] for r in records(whole, "train")]  # a step's record: the lr of the next
+    steps, was = records(whole, "train")[0]["steps"], records(extended, "train")[-1]["lr"]
+    told = (
+        f"--resume {path}: --epochs 3 (its run had 2): the lr schedule is this run's, taken up at "
+        f"step {2 * steps}: lr {lrs[2 * steps - 1]:.5f}, where its run's was at {was:.5f}"
+    )
+    assert told in lines
+    after = [r["lr"] for r in records(extended, "train") if r["epoch"] == 3]
+    assert after == pytest.approx(lrs[2 * steps :], rel=1e-12)
+    assert after[0] <= lrs[2 * steps - 1] and after == sorted(after, reverse=True)
+    assert after[-1] == pytest.approx(0.0, abs=1e-12)  # --lr-min, at the new end
+
+
+def test_a_progressive_resize_ramp_that_ends_after_the_run_says_so():
+    said = []
+    for end in (10, 4):
+        args = train_classify.parse_args(
+            ["--data", "x", "--epochs", "4", "--progressive-resize", "128", "2", str(end)]
+        )
+        train_classify.log_unfinished_ramp(args, lambda record, line: said.append((record, line)))
+    assert said == [  # the ramp to epoch 4 ends with the run: nothing to say
+        (
+            {"type": "progressive_resize", "last_crop_size": 160},
+            "--progressive-resize: its ramp ends at epoch 10, after this run's last (4): the "
+            "training crop grows to 160, not to --train-crop-size 224",
+        )
+    ]
+
+
+def test_a_log_edited_by_hand_or_linked_elsewhere_resumes_and_keeps_its_lines(tmp_path):
+    """metrics.jsonl as another tool may leave it: records with a step that is not a number, a
+    byte that is not UTF-8, a symbolic link to a file elsewhere; a folder in its place is refused
+    in one line, as is a mid-epoch checkpoint whose loss sums were edited; the link stays one."""
+    root, out = tiny_imagefolder(str(tmp_path / "d")), str(tmp_path / "o")
+    tiny_run(root, out)
+    path, metrics = os.path.join(out, "checkpoint.pth"), os.path.join(out, "metrics.jsonl")
+    elsewhere = str(tmp_path / "elsewhere.jsonl")
+    shutil.move(metrics, elsewhere)
+    os.mkdir(metrics)
+    proc = tiny_run(root, out, "--epochs", "2", "--resume", path, check=False)
+    assert_one_line_error(proc, f"{metrics}: is a folder, not the run's log")
+    os.rmdir(metrics)
+    edited = [
+        b'{"type": "note", "epoch": 1, "step": "x", "global_step": "x"}',
+        b'{"type": "note", "epoch": 1, "step": null, "global_step": null}',
+        b'{"type": "note", "text": "caf\xe9"}',  # Latin-1, not UTF-8
+    ]
+    with open(elsewhere, "ab") as f:
+        f.write(b"\n".join(edited) + b"\n")
+    os.symlink(elsewhere, metrics)
+    logged = open(elsewhere, "rb").read()
+    bad = os.path.join(out, "bad.pth")
+    ckpt = torch.load(path, weights_only=True)
+    ckpt.update(step=1, loss_sum="x")  # mid-epoch, its loss sums edited
+    torch.save(ckpt, bad)
+    proc = tiny_run(root, out, "--epochs", "2", "--resume", bad, check=False)
+    assert_one_line_error(proc, f"--resume {bad}: its loss_sum is not 1 finite number(s), one a")
+    assert open(elsewhere, "rb").read() == logged and os.path.islink(metrics)
+    tiny_run(root, out, "--epochs", "2", "--resume", path)
+    assert os.path.islink(metrics) and os.path.realpath(metrics) == os.path.realpath(elsewhere)
+    lines = open(elsewhere, "rb").read().splitlines()
+    assert lines[: len(logged.splitlines())] == logged.splitlines()  # each line as it was
+    epochs = [json.loads(line.decode("utf-8", "replace")) for line in lines]
+    assert [r["epoch"] for r in epochs if r["type"] == "epoch"] == [1, 2]
+
+
+@pytest.mark.parametrize("loss_sum", ["x", None, [0.5, 0.5], [math.nan], [True], ["0.5"]])
+def test_a_mid_epoch_checkpoint_with_bad_loss_sums_is_refused_in_one_line(loss_sum):
+    with pytest.raises(training.UsageError) as refused:
+        training.resumed_loss_sum(
+            {"loss_sum": loss_sum}, argparse.Namespace(resume="c.pth"), ONE_CPU_PROCESS
+        )
+    assert str(refused.value).startswith("--resume c.pth: its loss_sum is not 1 finite number(s)")
+    assert training.resumed_loss_sum({"loss_sum": [0.5]}, None, ONE_CPU_PROCESS) == 0.5
+    assert (
+        training.resumed_loss_sum({}, None, ONE_CPU_PROCESS) == 0.0
+    )  # a checkpoint older than the sums
+
+
 # ------------------------------------------------------------------------------------------
 # recipe switches
 # ------------------------------------------------------------------------------------------
@@ -884,7 +1002,7 @@ sys.path.insert(0, os.path.dirname(sys.argv[1]))
 real_open, full = builtins.open, os.environ["FULL_DIR"]
 def open_on_a_full_disk(path, mode="r", *args, **kwargs):
     if str(path).startswith(full) and set(mode) & set("wax"):
-        return real_open("/dev/full", "w", *args, **kwargs)
+        return real_open("/dev/full", "wb" if "b" in mode else "w", *args, **kwargs)
     return real_open(path, mode, *args, **kwargs)
 builtins.open = open_on_a_full_disk
 sys.argv = sys.argv[1:]
@@ -923,7 +1041,7 @@ def test_a_full_disk_at_start_or_resume_is_one_line_and_keeps_the_run(tmp_path, 
         timeout=600,
         env={**CPU_ENV, "FULL_DIR": out},
     )
-    if resuming:  # lock_run_dir rewrites metrics.jsonl without the steps to run again
+    if resuming:  # RunLog.begin rewrites metrics.jsonl without the steps to run again
         assert_one_line_error(proc, f"{out}/metrics.jsonl: could not rewrite it (No space left")
         assert {n: open(os.path.join(out, n), "rb").read() for n in os.listdir(out)} == before
     else:  # the first record of a new run

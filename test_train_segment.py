@@ -330,6 +330,22 @@ def test_resume_follows_the_data_it_trained_on_not_its_path(tmp_path):
     assert_one_line_error(proc, f"--resume {path}: trained on other data (")
 
 
+def test_a_refused_resume_leaves_the_run_folder_as_it_was(tmp_path):
+    """best.pth older than checkpoint.pth, resumed with another batch size: refused before
+    metrics.jsonl loses the later epochs' records, or anything else in the folder changes."""
+    root, out = prepared_root(str(tmp_path / "p"), n=8), str(tmp_path / "o")
+    assert tiny(root, "--epochs", "2", out=out).returncode == 0
+    best = os.path.join(out, "best.pth")
+    ckpt = torch.load(os.path.join(out, "checkpoint.pth"), weights_only=True)
+    ckpt.update(epoch=1, global_step=ckpt["step"])  # as best.pth is when epoch 2 scored lower
+    torch.save(ckpt, best)
+    before = {n: open(os.path.join(out, n), "rb").read() for n in sorted(os.listdir(out))}
+    proc = tiny(root, "--epochs", "2", "--batch-size", "4", "--resume", best, out=out)
+    assert_one_line_error(proc, f"--resume {best}: taken with 1 process(es) x batch 2")
+    assert {n: open(os.path.join(out, n), "rb").read() for n in sorted(os.listdir(out))} == before
+    assert [e["epoch"] for e in records(out, "epoch")] == [1, 2]
+
+
 @pytest.mark.parametrize(
     "first,then,told",
     [

@@ -312,6 +312,7 @@ def main(args):
     start_epoch, first_step, best, loss_sum = training.resume(
         ckpt, args, world, state, loaders.steps, log
     )
+    log.begin()  # every check has passed: from here the run folder changes
     model_without_ddp, model_ema = state["model"], state["model_ema"]
 
     if args.evaluate:
@@ -498,6 +499,13 @@ def build_loaders(args, world, ckpt, log):
         dist.barrier()
     if dali_state:
         cache = ckpt.get("decoder_cache")  # the resumed pipelines must be built as they were
+        if "decoder_cache" in args.given:
+            had = f"{cache} MB" if cache else "off"
+            log(
+                {"type": "decoder_cache", "mb": cache},
+                f"decoder cache {had}, as its run had it: --decoder-cache {args.decoder_cache} is "
+                f"not taken at a resume",
+            )
     else:
         free_mb = (
             torch.cuda.mem_get_info(world.device)[0] / 2**20 if world.device.type == "cuda" else 0
@@ -519,6 +527,7 @@ def build_loaders(args, world, ckpt, log):
     with decode_errors_named(val_pipe):
         val_loader = classify_iterator(val_pipe)
     log_data(args, log, train_pipe, val_pipe, classes)
+    log_unfinished_ramp(args, log)
     loaders = SimpleNamespace(
         train_loader=train_loader,
         steps=len(train_loader),  # the same on every process: every shard runs as many full batches
@@ -559,6 +568,20 @@ def batches_on_device(loader, pipe, device):
             if pipe.output_layout == "HWC":
                 images = images.permute(0, 3, 1, 2)
             yield images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
+
+
+def log_unfinished_ramp(args, log):
+    """One line where --progressive-resize's ramp ends after the run's last epoch: the training
+    crop never grows to --train-crop-size."""
+    last = train_crop_size(args, args.epochs)
+    if args.evaluate or last == args.train_crop_size:
+        return
+    log(
+        {"type": "progressive_resize", "last_crop_size": last},
+        f"--progressive-resize: its ramp ends at epoch {args.progressive_resize[2]}, after this "
+        f"run's last ({args.epochs}): the training crop grows to {last}, not to "
+        f"--train-crop-size {args.train_crop_size}",
+    )
 
 
 def log_data(args, log, train_pipe, val_pipe, classes):

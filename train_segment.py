@@ -435,6 +435,7 @@ def main(args):
     start_epoch, first_step, best, loss_sum = training.resume(
         ckpt, args, world, state, loaders.steps, log
     )
+    log.begin()  # every check has passed: from here the run folder changes
     model_without_ddp, model_ema = state["model"], state["model_ema"]
 
     if args.evaluate:

@@ -3,7 +3,8 @@ train_segment.py.
 
     processes and devices   setup_distributed, autocast, all_reduce_sum, sync_buffers
     model and optimizer     prepare_model (DDP, EMA, optimizer, schedule, scaler), load_weights
-    run folder and log      open_run: the run's folder, locked; its log (stdout, metrics.jsonl)
+    run folder and log      open_run: the run's folder, locked; its log (stdout, metrics.jsonl),
+                            written from RunLog.begin on, once every check has passed
     checkpoints             Checkpoints (atomic save), checkpoint_to_resume, check_resumable
                             (and check_same_graph), resume
     the loop's bookkeeping  StepLog: data wait, NaN checks, the windowed all-reduce, ETA, saves
@@ -11,7 +12,9 @@ train_segment.py.
 
 What happens on SIGTERM reads here alone: StopSignals catches it; every process agrees on the step
 to stop at (StepLog.after_step); that step's checkpoint is saved (Checkpoints.save); the process
-exits with 128 + the signal (StopSignals.exit).
+exits with 128 + the signal (StopSignals.exit). What happens at a resume reads here too: the
+checks (checkpoint_to_resume, lock_run_dir, check_resumable, resume) come before anything in the run
+folder changes (RunLog.begin); other schedule flags give their schedule (follow_schedule_flags).
 """
 
 import argparse
@@ -26,6 +29,7 @@ import signal
 import sys
 import time
 import traceback
+import warnings
 from types import SimpleNamespace
 
 import torch
@@ -349,17 +353,44 @@ _unstarted = []
 class RunLog:
     """A run's log: ``log(record, line)`` prints the line and appends the record, with its "time"
     (seconds since the Unix epoch), to the run folder's metrics.jsonl, and with --tensorboard its
-    numbers to TensorBoard. Only the main process writes. ``dir`` is the run folder, or None."""
+    numbers to TensorBoard. Only the main process writes. ``dir`` is the run folder, or None.
+    Until ``begin`` the records wait in memory and the folder stays as it was: a start that a
+    later check refuses (a resume with another batch size, say) loses nothing there."""
 
-    def __init__(self, run_dir, world, tensorboard):
+    def __init__(self, run_dir, world, tensorboard, keep=None):
         self.dir, self.main, self.started = run_dir, world.main, time.time()
-        self.writer = tensorboard_writer(run_dir) if tensorboard and run_dir else None
+        # the package is looked for now, with the other checks; its writer makes files, so later
+        self.summary_writer = summary_writer() if tensorboard and run_dir else None
+        self.writer, self.keep, self.held = None, keep, []
 
     def __call__(self, record, line):
         if not self.main:
             return
         print(line, flush=True)
         record = {**record, "time": time.time()}
+        if self.held is None:
+            self.write(record)
+        else:
+            self.held.append(record)
+
+    def begin(self):
+        """Every check that can refuse the run has passed: from here the run folder changes.
+        metrics.jsonl keeps only the records ``keep`` accepts (see lock_run_dir), what killed saves
+        left goes, and the records logged so far are written."""
+        held, self.held = self.held, None
+        if not self.dir or not self.main:
+            return
+        if self.keep:
+            trim_log(os.path.join(self.dir, "metrics.jsonl"), self.keep)
+        for name in os.listdir(self.dir):  # the lock says no other run saves here
+            if ".pth.tmp-" in name or name.endswith(".partial"):
+                os.remove(os.path.join(self.dir, name))
+        if self.summary_writer:
+            self.writer = self.summary_writer(self.dir, flush_secs=10)
+        for record in held:
+            self.write(record)
+
+    def write(self, record):
         if self.dir:
             path = os.path.join(self.dir, "metrics.jsonl")
             try:
@@ -410,8 +441,8 @@ def open_run(args, world, ckpt, runs_dir):
             out = new_run_dir(runs_dir)
         elif not os.path.exists(out):
             _unstarted.append(out)
-        lock_run_dir(out, args, ckpt)
-    return RunLog(out, world, args.tensorboard)
+        keep = lock_run_dir(out, args, ckpt)
+    return RunLog(out, world, args.tensorboard, keep)
 
 
 def new_run_dir(runs_dir):
@@ -436,20 +467,22 @@ def parsed_record(line):
     return record if isinstance(record, dict) else None
 
 
-def tensorboard_writer(out):
+def summary_writer():
     try:
         from torch.utils.tensorboard import SummaryWriter
     except ImportError:
         raise UsageError(
             "--tensorboard: needs the tensorboard package (pip install tensorboard)"
         ) from None
-    return SummaryWriter(out, flush_secs=10)
+    return SummaryWriter
 
 
 def lock_run_dir(out, args, ckpt):
     """Refused: a folder another run writes to, or, without --overwrite, one holding another run's
-    checkpoint. metrics.jsonl keeps each record once: a resumed run's from its checkpoint's step on,
-    a new run's alone, beside any --evaluate scores written there (--overwrite drops them)."""
+    checkpoint, or whose metrics.jsonl is a folder. Returns which of metrics.jsonl's records the
+    run keeps (None: all), for RunLog.begin: each record once, a resumed run's from its
+    checkpoint's step on, a new run's alone, beside any --evaluate scores written there
+    (--overwrite drops them). Nothing in the folder changes here but the lock."""
     if os.path.exists(out) and not os.path.isdir(out):
         raise UsageError(f"--output-dir {out}: is a file, not a folder")
     try:
@@ -474,25 +507,44 @@ def lock_run_dir(out, args, ckpt):
             f"{os.path.join(out, previous[0])} to continue it or --overwrite to replace it"
         )
     metrics = os.path.join(out, "metrics.jsonl")
-    if os.path.exists(metrics) and not args.evaluate:
-        if continuing:  # the steps after the checkpoint run again: their records go
-            last = ckpt.get("global_step", math.inf)
-            trim_log(metrics, lambda r: r.get("global_step", 0) <= last)
-        elif args.overwrite or not previous:  # a new run's log; --evaluate's scores stay
-            trim_log(metrics, lambda r: r.get("type") == "eval" and not args.overwrite)
-    for name in os.listdir(out):  # what a killed save left; the lock says no other run saves here
-        if ".pth.tmp-" in name or name.endswith(".partial"):
-            os.remove(os.path.join(out, name))
+    if os.path.isdir(metrics):
+        raise UsageError(f"{metrics}: is a folder, not the run's log; move it away or delete it")
+    if not os.path.exists(metrics) or args.evaluate:
+        return None
+    if continuing:  # the steps after the checkpoint run again: their records go
+        last = ckpt.get("global_step", math.inf)
+        return lambda r: not logged_after(r, last)
+    if args.overwrite or not previous:  # a new run's log; --evaluate's scores stay
+        return lambda r: r.get("type") == "eval" and not args.overwrite
+    return None
+
+
+def logged_after(record, last):
+    """Whether ``record`` is of a step after global step ``last``; one whose step is not a number
+    (written by hand or by another tool) is kept, as one without a step is."""
+    step = record.get("global_step")
+    return isinstance(step, (int, float)) and not isinstance(step, bool) and step > last
 
 
 def trim_log(metrics, keep):
-    """metrics.jsonl with only the records ``keep`` accepts. A record torn by a kill while it was
-    being appended (or an empty line) goes too: no resume should trip on it."""
-    with open(metrics) as f:
-        records = [parsed_record(line) for line in f]
+    """metrics.jsonl with only the records ``keep`` accepts, each line as it was. A record torn by
+    a kill while it was being appended (or an empty line, or one that is not a record) goes too:
+    no resume should trip on it. A byte that is not UTF-8 is read as U+FFFD and written back as it
+    was. A symbolic link stays one: the file it points to is rewritten."""
     try:
-        with atomic_open(metrics, "w") as f:
-            f.writelines(json.dumps(r) + "\n" for r in records if r and keep(r))
+        with open(metrics, "rb") as f:
+            lines = f.read().splitlines()
+    except OSError as e:
+        raise UsageError(f"{metrics}: cannot read the run's log ({e.strerror})") from None
+    kept = []
+    for line in lines:
+        record = parsed_record(line.decode("utf-8", errors="replace"))
+        if record and keep(record):
+            kept.append(line + b"\n")
+    path = os.path.realpath(metrics) if os.path.islink(metrics) else metrics  # a link stays one
+    try:
+        with atomic_open(path, "wb") as f:
+            f.writelines(kept)
     except OSError as e:  # a full disk
         raise UsageError(f"{metrics}: could not rewrite it ({e.strerror}); it is kept") from None
 
@@ -628,6 +680,11 @@ def checkpoint_to_resume(args, as_trained=()):
             f"--resume {args.resume}: lacks {', '.join(missing)}, which {script} writes in every "
             f"checkpoint (an older version's or an edited file); start anew, or --weights it"
         )
+    if args.weights and (not dist.is_initialized() or dist.get_rank() == 0):
+        print(
+            f"--weights {args.weights}: not loaded; --resume {args.resume} brings its own weights",
+            flush=True,
+        )
     if not scoring and args.loader == "dali" and not ckpt.get("dali"):
         raise UsageError(
             f"--resume {args.resume}: holds no DALI state (its run had --loader synthetic), so "
@@ -755,12 +812,72 @@ def resume(ckpt, args, world, state, steps, log):
             f"--resume {args.resume}: its run is complete ({ckpt['epoch']} of {args.epochs} "
             f"epochs, best {ckpt['best']:.3f}); nothing to train"
         )
+    loss_sum = resumed_loss_sum(ckpt, args, world) if first_step else 0.0
     log(
         {"type": "resume", "epoch": start_epoch, "step": first_step},
         f"resumed from {args.resume}: epoch {start_epoch}, after step {first_step} of {steps}",
     )
-    loss_sum = ckpt.get("loss_sum", [0.0] * world.size)[world.rank] if first_step else 0.0
+    follow_schedule_flags(ckpt, args, state, steps, log)
     return start_epoch, first_step, ckpt["best"], loss_sum
+
+
+def resumed_loss_sum(ckpt, args, world):
+    """This process's loss summed over the epoch's steps before a mid-epoch checkpoint (the
+    epoch's mean loss needs it); 0 from a checkpoint older than the sums. Anything else than a
+    finite number for each process is refused in one line."""
+    sums = ckpt.get("loss_sum", [0.0] * world.size)
+    numbers = isinstance(sums, (list, tuple)) and len(sums) == world.size
+    if not numbers or not all(type(s) in (int, float) and math.isfinite(s) for s in sums):
+        raise UsageError(
+            f"--resume {args.resume}: its loss_sum is not {world.size} finite number(s), one a "
+            f"process, as {os.path.basename(sys.argv[0])} writes it (an edited or damaged file); "
+            f"start anew, or --weights it"
+        )
+    return sums[world.rank]
+
+
+# The flags that shape the lr schedule besides --lr (the optimizer's state holds that).
+SCHEDULE_FLAGS = (
+    "epochs",
+    "lr_scheduler",
+    "lr_warmup_epochs",
+    "lr_warmup_method",
+    "lr_warmup_decay",
+    "lr_min",
+    "lr_step_size",
+    "lr_gamma",
+)
+
+
+def follow_schedule_flags(ckpt, args, state, steps, log):
+    """A resume with other schedule flags than its run's (--epochs 3 after 2, say) gets the
+    schedule those flags give, at the checkpoint's step, as a run started with them would have
+    it, and one line says so; the checkpoint's own schedule would go on past its end (a cosine
+    climbs back to the peak)."""
+    saved = ckpt["args"]
+    changed = [k for k in SCHEDULE_FLAGS if k in saved and saved[k] != getattr(args, k)]
+    if not changed:
+        return
+    optimizer, done = state["optimizer"], ckpt.get("global_step")
+    if done is None:  # a checkpoint from before global_step was saved
+        done = (ckpt["epoch"] - 1) * steps + ckpt["step"]
+    was = optimizer.param_groups[0]["lr"]
+    for group in optimizer.param_groups:  # as a new run's optimizer starts, at the full lr
+        group["lr"] = group["initial_lr"]
+    scheduler = make_scheduler(optimizer, args, steps)
+    with warnings.catch_warnings():  # torch warns of a scheduler stepped before the optimizer
+        warnings.simplefilter("ignore")
+        for _ in range(done):
+            scheduler.step()
+    state["scheduler"] = scheduler
+    now = optimizer.param_groups[0]["lr"]
+    flags = ", ".join(f"--{k.replace('_', '-')} {getattr(args, k)}" for k in changed)
+    had = ", ".join(str(saved[k]) for k in changed)
+    log(
+        {"type": "schedule", "changed": {k: [saved[k], getattr(args, k)] for k in changed}},
+        f"--resume {args.resume}: {flags} (its run had {had}): the lr schedule is this run's, "
+        f"taken up at step {done}: lr {now:.5f}, where its run's was at {was:.5f}",
+    )
 
 
 # ------------------------------------------------------------------------------------------
