@@ -251,21 +251,21 @@ def prepare_model(model, args, world, steps_per_epoch, log):
             use_buffers=True,
             multi_avg_fn=torch.optim.swa_utils.get_ema_multi_avg_fn(1.0 - alpha),
         )
-    lr = args.lr * args.batch_size * world.size / 256  # --lr is for a global batch of 256
+    lr, lr_from = learning_rate(args, args.batch_size * world.size)
     if args.lr_scheduler == "cosine" and args.lr_min > lr:
         raise UsageError(
-            f"--lr-min {args.lr_min} is above the learning rate, {lr:.6g} (--lr x global batch / "
-            f"256): the cosine schedule would climb"
+            f"--lr-min {args.lr_min} is above the learning rate, {lr:.6g} ({lr_from}): the cosine "
+            f"schedule would climb"
         )
     optimizer = make_optimizer(model_without_ddp, args, lr)
     # fp16 gradients underflow without loss scaling; bf16 has fp32's range and needs none.
     scaler = torch.amp.GradScaler(world.device.type, enabled=args.amp == "fp16")
     log(
-        {"type": "config", "args": vars(args)},
+        {"type": "config", "lr": lr, "args": vars(args)},
         f"{args.arch}: world size {world.size}, batch {args.batch_size} per process, global batch "
-        f"{args.batch_size * world.size}, {steps_per_epoch} steps per epoch, lr {lr:.5f} (--lr "
-        f"{args.lr} x global batch / 256), {args.opt}, {args.lr_scheduler} schedule, model on "
-        f"{world.device}, DALI on {args.dali_device}",
+        f"{args.batch_size * world.size}, {steps_per_epoch} steps per epoch, lr {lr:.6g} "
+        f"({lr_from}), {args.opt}, {args.lr_scheduler} schedule, model on {world.device}, DALI on "
+        f"{args.dali_device}",
     )
     state = {
         "model": model_without_ddp,
@@ -276,6 +276,19 @@ def prepare_model(model, args, world, steps_per_epoch, log):
     }
     model = torch.compile(model) if args.compile else model
     return model, state
+
+
+def learning_rate(args, global_batch):
+    """(the run's learning rate, where it comes from): --lr as it is, torchvision's; else timm's
+    --lr-base, a rate per --lr-base-size images, scaled to the global batch."""
+    if args.lr is not None:
+        return args.lr, f"--lr {args.lr:g}"
+    lr = args.lr_base * global_batch / args.lr_base_size
+    given = "" if "lr_base" in args.given else ", the default; --lr sets the rate itself"
+    return lr, (
+        f"--lr-base {args.lr_base:g} x global batch {global_batch} / --lr-base-size "
+        f"{args.lr_base_size}{given}"
+    )
 
 
 def load_weights(model, args):
@@ -636,7 +649,41 @@ def checkpoint_to_resume(args, as_trained=()):
         )
     if scoring:
         evaluate_as_trained(args, ckpt["args"], as_trained)
+    else:
+        resume_at_trained_rate(args, ckpt)
     return ckpt
+
+
+# The flags that set the learning rate (see learning_rate).
+RATE_FLAGS = ("lr", "lr_base", "lr_base_size")
+
+
+def resume_at_trained_rate(args, ckpt):
+    """A resume goes on at its run's learning rate: the optimizer's and schedule's saved states hold
+    it. The rate flags become the checkpoint's, so that the log and --lr-min's check say that rate;
+    a run from before --lr-base (no lr_base in its args) had --lr per 256 images. One line says
+    where this command's flags would give another rate."""
+    saved = ckpt["args"]
+    given = {k for k in saved.get("given", ()) if k in RATE_FLAGS}
+    if "lr_base" in saved:
+        then = SimpleNamespace(given=given, **{k: saved.get(k) for k in RATE_FLAGS})
+    elif "lr" in saved:
+        given = {"lr_base"} if "lr" in given else set()
+        then = SimpleNamespace(given=given, lr=None, lr_base=saved["lr"], lr_base_size=256)
+    else:
+        return
+    global_batch = saved["batch_size"] * ckpt["world_size"]
+    (lr, _), (asked, asked_from) = (learning_rate(run, global_batch) for run in (then, args))
+    for k in RATE_FLAGS:
+        setattr(args, k, getattr(then, k))
+    args.given = sorted(set(args.given) - set(RATE_FLAGS) | given)  # as the run had them
+    if not math.isclose(lr, asked) and (not dist.is_initialized() or dist.get_rank() == 0):
+        older = "" if "lr_base" in saved else " (a run from before --lr-base: its --lr was per 256)"
+        print(
+            f"--resume {args.resume}: continues at its run's lr {lr:.6g}{older}, not this "
+            f"command's {asked:.6g} ({asked_from}); to train at another, --weights it",
+            flush=True,
+        )
 
 
 def evaluate_as_trained(args, saved, names):
