@@ -1453,6 +1453,28 @@ def test_a_run_from_before_lr_base_resumes_at_the_rate_it_trained_with(tmp_path)
     assert max((a[k].double() - b[k].double()).abs().max().item() for k in a) <= 1e-6
 
 
+@pytest.mark.parametrize("omp", [None, "3"])
+def test_a_cpu_run_shares_the_cores_between_torch_and_dali(tmp_path, omp):
+    """torch's threads are the cores this process may use less DALI's -j, at least 1; an
+    OMP_NUM_THREADS the user set stays torch's. One line says the split."""
+    env = {k: v for k, v in CPU_ENV.items() if k != "OMP_NUM_THREADS"}
+    cores = len(os.sched_getaffinity(0))
+    if omp:
+        env["OMP_NUM_THREADS"] = omp
+        told = f"torch 3 and DALI 1 (-j) on {cores} cores (OMP_NUM_THREADS=3)"
+    else:
+        torch_threads = max(1, cores - 1)
+        told = (
+            f"torch {torch_threads} and DALI 1 (-j) on {cores} cores (the cores less DALI's; "
+            f"OMP_NUM_THREADS sets torch's)"
+        )
+    root = tiny_imagefolder(str(tmp_path / "d"))
+    proc = tiny_run(root, str(tmp_path / "o"), env=env)
+    assert [line for line in proc.stdout.splitlines() if line.startswith("CPU threads:")] == [
+        f"CPU threads: {told}"
+    ]
+
+
 def test_bare_amp_is_the_devices_default_and_every_record_has_a_time(tmp_path):
     root, out = tiny_imagefolder(str(tmp_path / "d")), str(tmp_path / "o")
     before = time.time()

@@ -73,6 +73,7 @@ def setup_distributed(args):
         distributed="RANK" in os.environ,
         main=env["RANK"] == 0,
         device=torch.device("cuda", env["LOCAL_RANK"]) if cuda else torch.device("cpu"),
+        cpu_threads=None,
     )
     if cuda:
         if world.local_rank >= torch.cuda.device_count():
@@ -94,6 +95,8 @@ def setup_distributed(args):
         raise UsageError("--dali-device gpu: no CUDA device is visible; use --dali-device cpu")
     if args.sync_bn and not cuda and not args.evaluate:
         raise UsageError("--sync-bn: SyncBatchNorm trains on CUDA devices only")
+    if not cuda:
+        world.cpu_threads = share_cpu_threads(args)  # prepare_model logs it, in the run's log
     if world.distributed:
         # The workers that torchrun restarts (--max-restarts) would find their predecessors'
         # addresses in the launcher's store, which outlives them: each attempt keeps its own keys.
@@ -107,6 +110,25 @@ def setup_distributed(args):
             device_id=world.device if cuda else None,
         )
     return world
+
+
+def share_cpu_threads(args):
+    """A CPU-only run: torch's threads and DALI's -j share the cores this process may use; torch
+    would take one thread per core beside DALI's, and threads that wait for each other's cores slow
+    both. An OMP_NUM_THREADS the user (or torchrun) set stays torch's. Returns the split's record
+    and line, for the run's log."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    omp = os.environ.get("OMP_NUM_THREADS")
+    if omp is None:
+        torch.set_num_threads(max(1, (cores or 1) - args.workers))
+        why = "the cores less DALI's; OMP_NUM_THREADS sets torch's"
+    else:
+        why = f"OMP_NUM_THREADS={omp}"
+    threads = torch.get_num_threads()
+    return (
+        {"type": "cpu_threads", "torch": threads, "dali": args.workers, "cores": cores},
+        f"CPU threads: torch {threads} and DALI {args.workers} (-j) on {cores} cores ({why})",
+    )
 
 
 def refuse_tasks_without_torchrun():
@@ -251,6 +273,8 @@ def prepare_model(model, args, world, steps_per_epoch, log):
             use_buffers=True,
             multi_avg_fn=torch.optim.swa_utils.get_ema_multi_avg_fn(1.0 - alpha),
         )
+    if world.cpu_threads:
+        log(*world.cpu_threads)
     lr, lr_from = learning_rate(args, args.batch_size * world.size)
     if args.lr_scheduler == "cosine" and args.lr_min > lr:
         raise UsageError(
