@@ -378,9 +378,18 @@ PROGRESSIVE = ["--progressive-resize", "32", "1", "3", "--train-crop-size", "96"
 def test_progressive_resize_grows_the_training_crop_each_epoch(tmp_path):
     root = tiny_imagefolder(str(tmp_path / "d"), size=(100, 100))
     out = str(tmp_path / "o")
-    tiny_run(root, out, *PROGRESSIVE, "--epochs", "4")
+    proc = tiny_run(root, out, *PROGRESSIVE, "--epochs", "4")
     # FFCV's ramp: 32 at epoch 1, 64 half way, 96 from epoch 3
     assert [e["train_crop_size"] for e in records(out, "epoch")] == [32, 64, 96, 96]
+    # the progress lines say the crop their steps trained at
+    train = records(out, "train")
+    assert [(r["epoch"], r["train_crop_size"]) for r in train] == [
+        (e, size) for e, size in ((1, 32), (2, 64), (3, 96), (4, 96)) for _ in range(2)
+    ]
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("Epoch: [")]
+    assert [line.split("]  ")[1].split("  ")[0] for line in lines] == [
+        f"crop {r['train_crop_size']}" for r in train
+    ]
     # the pipelines the trainer builds: batches of each epoch's size, validation's always 32
     args = train_classify.parse_args(["--data", root, *TINY, *PROGRESSIVE])
     world = SimpleNamespace(local_rank=0, rank=0, size=1)

@@ -337,7 +337,8 @@ def main(args):
         # step 1 waits for none.
         val_beside = loaders.val_batches() if epoch == start_epoch else ()
         batches = training.alongside(loaders.train_batches(epoch, first_step), val_beside)
-        steps = step_log.epoch(batches, epoch, first_step, loss_sum)
+        crop = train_crop_size(args, epoch) if args.progressive_resize else None
+        steps = step_log.epoch(batches, epoch, first_step, loss_sum, crop_size=crop)
         train_loss = train_one_epoch(
             model, criterion, state, steps, step_log, epoch, args, mixup_cutmix
         )

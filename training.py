@@ -891,11 +891,12 @@ class StepLog:
         self.steps, self.optimizer = steps, optimizer
         self.clock, self.done = None, 0  # the first step's time and the steps since, for the ETA
 
-    def epoch(self, batches, epoch, first_step=0, loss_sum=0.0):
+    def epoch(self, batches, epoch, first_step=0, loss_sum=0.0, crop_size=None):
         """(step, batch) of steps ``first_step + 1 .. steps``; ``loss_sum``: this process's sum over
-        the steps before ``first_step``."""
+        the steps before ``first_step``; ``crop_size``: the epoch's training crop, shown in its
+        lines where it changes from epoch to epoch (--progressive-resize)."""
         device = self.world.device
-        self.epoch_no = epoch
+        self.epoch_no, self.crop_size = epoch, crop_size
         self.loss_sum = torch.full((), loss_sum, device=device)
         self.first_bad = torch.zeros((), dtype=torch.long, device=device)
         self.new_window()
@@ -962,11 +963,14 @@ class StepLog:
             "img_s": images_total / elapsed,
             "data_wait": 100 * wait_total / (elapsed * size),
         }
+        crop = ""
+        if self.crop_size is not None:
+            record["train_crop_size"], crop = self.crop_size, f"  crop {self.crop_size}"
         left = (steps - step) + (self.args.epochs - epoch) * steps  # the whole run's steps to go
         eta = datetime.timedelta(seconds=round((now - self.clock) / max(1, self.done - 1) * left))
         self.log(
             record,
-            f"Epoch: [{epoch}/{self.args.epochs}] [{step:>{len(str(steps))}}/{steps}]  "
+            f"Epoch: [{epoch}/{self.args.epochs}] [{step:>{len(str(steps))}}/{steps}]{crop}  "
             f"loss {record['loss']:.4f}  lr {record['lr']:.5f}  img/s {record['img_s']:.1f}  "
             f"data-wait {record['data_wait']:.1f}%  eta {eta}",
         )
