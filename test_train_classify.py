@@ -977,6 +977,12 @@ def test_error_unknown_arch(tmp_path):
         check=False,
     )
     assert_one_line_error(proc, "--arch resnet5O", "resnet50")
+    # refused before the run folder is made: no line names one
+    assert proc.stderr.strip().splitlines() == [
+        "error: --arch resnet5O: not a torchvision classification model; close names: resnet50, "
+        "resnet152, resnet34, resnet18, resnet101"
+    ]
+    assert "run folder" not in proc.stdout and not os.path.exists(tmp_path / "o")
 
 
 @pytest.mark.parametrize(

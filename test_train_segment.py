@@ -178,6 +178,13 @@ def test_lr_is_the_rate_itself_and_a_cpu_run_shares_the_cores(tmp_path):
     assert len(threads) == 1 and f" and DALI {workers} (-j) on " in threads[0], proc.stdout
 
 
+def test_error_unknown_arch_before_any_run_folder(tmp_path):
+    out = str(tmp_path / "o")
+    proc = tiny(str(tmp_path / "p"), "--arch", "unett", out=out)
+    assert_one_line_error(proc, "argument --arch/--model: invalid choice: 'unett'", "'unet'")
+    assert proc.stdout == "" and not os.path.exists(out)
+
+
 def test_multiclass_reports_every_class(tmp_path):
     root = prepared_root(str(tmp_path / "p"), classes=3)
     proc = tiny(root, "--num-classes", "3")
