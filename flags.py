@@ -132,7 +132,7 @@ def add_optimisation_flags(g):
     rate.add_argument(
         "--lr",
         type=positive,
-        help="the learning rate itself, as torchvision's (default: --lr-base's)",
+        help="the learning rate itself, as torchvision's; without it, --lr-base's",
     )
     rate.add_argument(
         "--lr-base",
