@@ -128,12 +128,21 @@ def add_optimisation_flags(g):
     g.add_argument("--epochs", type=at_least_1, help="epochs to train")
     g.add_argument("-b", "--batch-size", type=at_least_1, help="images per process (per GPU)")
     g.add_argument("--opt", choices=["sgd", "adamw"], default="sgd", help="optimizer")
-    g.add_argument(
+    rate = g.add_mutually_exclusive_group()
+    rate.add_argument(
         "--lr",
         type=positive,
+        help="the learning rate itself, as torchvision's; without it, --lr-base's",
+    )
+    rate.add_argument(
+        "--lr-base",
+        type=positive,
         default=0.1,
-        help="lr per 256 images, scaled by global batch / 256 "
-        "(torchvision's --lr is the lr itself: pass it x 256 / global batch)",
+        help="the learning rate per --lr-base-size images, scaled to the global batch, as timm's: "
+        "lr = lr_base x global batch / lr_base_size; used where --lr is not given",
+    )
+    g.add_argument(
+        "--lr-base-size", type=at_least_1, default=256, help="the batch size --lr-base is for"
     )
     g.add_argument("--momentum", type=below_one, default=0.9, help="SGD momentum")
     g.add_argument(
@@ -177,7 +186,12 @@ def add_optimisation_flags(g):
         default=0.1,
         help="step and exponential schedules: factor per decay",
     )
-    g.add_argument("--lr-min", type=non_negative, default=0.0, help="cosine schedule: the final lr")
+    g.add_argument(
+        "--lr-min",
+        type=non_negative,
+        default=0.0,
+        help="cosine schedule: the final lr, a rate itself as --lr is (not scaled by the batch)",
+    )
     g.add_argument(
         "--amp",
         nargs="?",
@@ -279,6 +293,14 @@ def parse(parser, argv, demo_defaults):
             "--predict runs the model of --resume CHECKPOINT (or --weights FILE) and writes into "
             "--output-dir; pass both"
         )
+    if "lr" in args.given and "lr_base_size" in args.given:
+        parser.error(
+            f"--lr-base-size {args.lr_base_size}: sets the batch of --lr-base; --lr {args.lr} is "
+            f"the learning rate itself, for any batch"
+        )
+    # One of the two says the rate, the other is None: a checkpoint's args say which it was.
+    if "lr" in args.given:
+        args.lr_base = None
     if args.batch_size < 2 and not (args.evaluate or args.predict):
         parser.error(
             "--batch-size must be at least 2 for training (BatchNorm needs more than one sample)"

@@ -78,7 +78,7 @@ def segment_ckpt(tmp_path_factory):
     """A U-Net of width 8 at size 64 for 3 classes, trained for 5 epochs on banded_root."""
     root = banded_root(str(tmp_path_factory.mktemp("seg") / "data"))
     out = os.path.join(os.path.dirname(root), "out")
-    flags = ["--size", "64", "--unet-width", "8", "-b", "2", "--lr", "8", "--num-classes", "3"]
+    flags = ["--size", "64", "--unet-width", "8", "-b", "2", "--lr", "0.0625", "--num-classes", "3"]
     proc = run("train_segment.py", "--data", root, *flags, "--epochs", "5", "--output-dir", out)
     assert proc.returncode == 0, proc.stderr
     return os.path.join(out, "checkpoint.pth")

@@ -378,9 +378,18 @@ PROGRESSIVE = ["--progressive-resize", "32", "1", "3", "--train-crop-size", "96"
 def test_progressive_resize_grows_the_training_crop_each_epoch(tmp_path):
     root = tiny_imagefolder(str(tmp_path / "d"), size=(100, 100))
     out = str(tmp_path / "o")
-    tiny_run(root, out, *PROGRESSIVE, "--epochs", "4")
+    proc = tiny_run(root, out, *PROGRESSIVE, "--epochs", "4")
     # FFCV's ramp: 32 at epoch 1, 64 half way, 96 from epoch 3
     assert [e["train_crop_size"] for e in records(out, "epoch")] == [32, 64, 96, 96]
+    # the progress lines say the crop their steps trained at
+    train = records(out, "train")
+    assert [(r["epoch"], r["train_crop_size"]) for r in train] == [
+        (e, size) for e, size in ((1, 32), (2, 64), (3, 96), (4, 96)) for _ in range(2)
+    ]
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("Epoch: [")]
+    assert [line.split("]  ")[1].split("  ")[0] for line in lines] == [
+        f"crop {r['train_crop_size']}" for r in train
+    ]
     # the pipelines the trainer builds: batches of each epoch's size, validation's always 32
     args = train_classify.parse_args(["--data", root, *TINY, *PROGRESSIVE])
     world = SimpleNamespace(local_rank=0, rank=0, size=1)
@@ -1086,6 +1095,12 @@ def test_error_unknown_arch(tmp_path):
         check=False,
     )
     assert_one_line_error(proc, "--arch resnet5O", "resnet50")
+    # refused before the run folder is made: no line names one
+    assert proc.stderr.strip().splitlines() == [
+        "error: --arch resnet5O: not a torchvision classification model; close names: resnet50, "
+        "resnet152, resnet34, resnet18, resnet101"
+    ]
+    assert "run folder" not in proc.stdout and not os.path.exists(tmp_path / "o")
 
 
 @pytest.mark.parametrize(
@@ -1486,6 +1501,111 @@ def test_torchvision_resnet50_recipe_parses_as_torchvision_writes_it():
         "default",
     )
     assert (args.auto_augment, args.ra_sampler, args.ra_reps) == ("ta_wide", True, 4)
+    assert training.learning_rate(args, 8 * 128) == (0.5, "--lr 0.5")  # its rate, as torchvision's
+
+
+def test_lr_is_the_rate_itself_and_lr_base_a_rate_per_lr_base_size_images(tmp_path, capsys):
+    """--lr as torchvision's; --lr-base as timm's, scaled to the global batch; neither: today's
+    default, --lr-base 0.1 (--data demo: 0.2) per 256 images."""
+    rate = training.learning_rate
+
+    def parse(*flags):  # as the trainer parses them
+        return train_classify.parse_args(["--data", "x", *flags])
+
+    assert rate(parse("--lr", "0.5", "-b", "32"), 32) == (0.5, "--lr 0.5")
+    assert rate(parse("--lr-base", "0.5", "-b", "32"), 64) == (
+        0.125,
+        "--lr-base 0.5 x global batch 64 / --lr-base-size 256",
+    )
+    assert rate(parse("--lr-base", "0.5", "--lr-base-size", "512"), 1024)[0] == 1.0
+    assert rate(parse(), 256) == (
+        0.1,
+        "--lr-base 0.1 x global batch 256 / --lr-base-size 256, the default; --lr sets the rate "
+        "itself",
+    )
+    demo = train_classify.parse_args(["--data", "demo"])
+    assert (demo.lr, demo.lr_base, rate(demo, 32)[0]) == (None, 0.2, 0.025)
+    assert train_classify.parse_args(["--data", "demo", "--lr", "0.3"]).lr_base is None
+    for flags, told in (
+        (["--lr", "0.5", "--lr-base", "0.1"], "argument --lr-base: not allowed with argument --lr"),
+        (
+            ["--lr", "0.5", "--lr-base-size", "512"],
+            "--lr-base-size 512: sets the batch of --lr-base; --lr 0.5 is the learning rate "
+            "itself, for any batch",
+        ),
+    ):
+        with pytest.raises(SystemExit) as e:
+            parse(*flags)
+        assert e.value.code == 2 and capsys.readouterr().err == f"error: {told}\n"
+    out = str(tmp_path / "o")
+    proc = tiny_run(tiny_imagefolder(str(tmp_path / "d")), out, "--lr", "0.5")
+    assert "steps per epoch, lr 0.5 (--lr 0.5), sgd" in proc.stdout
+    (config,) = records(out, "config")
+    assert (config["lr"], config["args"]["lr"], config["args"]["lr_base"]) == (0.5, 0.5, None)
+
+
+def test_a_run_from_before_lr_base_resumes_at_the_rate_it_trained_with(tmp_path):
+    """A checkpoint whose args lack lr_base is an older version's, whose --lr was per 256 images:
+    its command run again, where --lr is now the rate itself, resumes at the rate it trained with,
+    says so in one line, and ends as the uninterrupted run."""
+    root = tiny_imagefolder(str(tmp_path / "d"), per_class=12)  # 6 steps an epoch
+    flags = ["--data", root, *TINY, "--epochs", "2"]
+    whole, stopped = str(tmp_path / "whole"), str(tmp_path / "stopped")
+    run(*flags, "--lr-base", "0.5", "--output-dir", whole)
+    spy = tmp_path / "signal_at_step_2.py"
+    spy.write_text(SIGNAL_AT_STEP_2)
+    cmd = [sys.executable, str(spy), str(int(signal.SIGTERM)), SCRIPT, *flags]
+    cmd += ["--lr-base", "0.5", "--output-dir", stopped]
+    proc = subprocess.run(cmd, cwd=HERE, capture_output=True, text=True, env=CPU_ENV)
+    assert proc.returncode == 128 + signal.SIGTERM, proc.stderr
+    path = os.path.join(stopped, "checkpoint.pth")
+    ckpt = torch.load(path, weights_only=True)
+    assert ckpt["epoch"] == 1 and ckpt["step"] < 6
+    # its args as an older version saved them: --lr 0.5, per 256 images
+    for key in ("lr_base", "lr_base_size"):
+        del ckpt["args"][key]
+    ckpt["args"]["lr"] = 0.5
+    ckpt["args"]["given"] = [k.replace("lr_base", "lr") for k in ckpt["args"]["given"]]
+    torch.save(ckpt, path)
+
+    proc = run(*flags, "--lr", "0.5", "--resume", path)
+    trained = 0.5 * 4 / 256
+    assert (
+        f"--resume {path}: continues at its run's lr {trained:.6g} (a run from before --lr-base: "
+        f"its --lr was per 256), not this command's 0.5 (--lr 0.5); to train at another, "
+        f"--weights it\n" in proc.stdout
+    )
+    assert f"lr {trained:.6g} (--lr-base 0.5 x global batch 4 / --lr-base-size 256)," in proc.stdout
+    assert records(stopped, "config")[-1]["lr"] == trained
+    saved = torch.load(path, weights_only=True)["args"]
+    assert (saved["lr"], saved["lr_base"], saved["lr_base_size"]) == (None, 0.5, 256)
+    ours, theirs = records(stopped, "train"), records(whole, "train")
+    assert [r["global_step"] for r in ours] == list(range(1, 13))
+    assert [r["lr"] for r in ours] == pytest.approx([r["lr"] for r in theirs], rel=1e-12)
+    a, b = final_weights(whole), final_weights(stopped)
+    assert max((a[k].double() - b[k].double()).abs().max().item() for k in a) <= 1e-6
+
+
+@pytest.mark.parametrize("omp", [None, "2"])
+def test_a_cpu_run_shares_the_cores_between_torch_and_dali(tmp_path, omp):
+    """torch's threads are the cores this process may use less DALI's -j, at least 1; an
+    OMP_NUM_THREADS the user set stays torch's. One line says the split."""
+    env = {k: v for k, v in CPU_ENV.items() if k != "OMP_NUM_THREADS"}
+    cores = len(os.sched_getaffinity(0))
+    if omp:
+        env["OMP_NUM_THREADS"] = omp
+        told = f"torch 2 and DALI 1 (-j) on {cores} cores (OMP_NUM_THREADS=2)"
+    else:
+        torch_threads = max(1, cores - 1)
+        told = (
+            f"torch {torch_threads} and DALI 1 (-j) on {cores} cores (the cores less DALI's; "
+            f"OMP_NUM_THREADS sets torch's)"
+        )
+    root = tiny_imagefolder(str(tmp_path / "d"))
+    proc = tiny_run(root, str(tmp_path / "o"), env=env)
+    assert [line for line in proc.stdout.splitlines() if line.startswith("CPU threads:")] == [
+        f"CPU threads: {told}"
+    ]
 
 
 def test_bare_amp_is_the_devices_default_and_every_record_has_a_time(tmp_path):

@@ -166,6 +166,25 @@ def tiny(root, *flags, out=None):
     )
 
 
+def test_lr_is_the_rate_itself_and_a_cpu_run_shares_the_cores(tmp_path):
+    """--lr as torchvision's, not scaled by the batch; torch's threads and DALI's -j share the
+    cores (training.share_cpu_threads, as train_classify.py's test checks in full)."""
+    proc = tiny(prepared_root(str(tmp_path / "p")), "--lr", "0.5")
+    assert proc.returncode == 0, proc.stderr
+    assert "steps per epoch, lr 0.5 (--lr 0.5), sgd" in proc.stdout
+    assert records(str(tmp_path / "p" / "out"), "config")[0]["lr"] == 0.5
+    workers = min(8, os.cpu_count())
+    threads = [line for line in proc.stdout.splitlines() if line.startswith("CPU threads:")]
+    assert len(threads) == 1 and f" and DALI {workers} (-j) on " in threads[0], proc.stdout
+
+
+def test_error_unknown_arch_before_any_run_folder(tmp_path):
+    out = str(tmp_path / "o")
+    proc = tiny(str(tmp_path / "p"), "--arch", "unett", out=out)
+    assert_one_line_error(proc, "argument --arch/--model: invalid choice: 'unett'", "'unet'")
+    assert proc.stdout == "" and not os.path.exists(out)
+
+
 def test_multiclass_reports_every_class(tmp_path):
     root = prepared_root(str(tmp_path / "p"), classes=3)
     proc = tiny(root, "--num-classes", "3")

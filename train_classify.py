@@ -35,7 +35,7 @@ DEMO_DEFAULTS = dict(
     arch="resnet18",
     epochs=6,
     batch_size=32,
-    lr=0.2,
+    lr_base=0.2,
     train_crop_size=64,
     val_crop_size=64,
     val_resize_size=73,
@@ -207,7 +207,8 @@ def train_crop_size(args, epoch):
     return min(max(int(round(size / 32)) * 32, low), args.train_crop_size)
 
 
-def make_model(args, num_classes):
+def check_arch(args):
+    """--arch names a torchvision classification model, else one line with the close names."""
     names = torchvision.models.list_models(module=torchvision.models)
     if args.arch not in names:
         close = difflib.get_close_matches(args.arch, names, n=5, cutoff=0.5)
@@ -215,6 +216,10 @@ def make_model(args, num_classes):
             f"close names: {', '.join(close)}" if close else "see torchvision.models.list_models()"
         )
         raise UsageError(f"--arch {args.arch}: not a torchvision classification model; {hint}")
+
+
+def make_model(args, num_classes):
+    check_arch(args)
     return torchvision.models.get_model(args.arch, weights=None, num_classes=num_classes)
 
 
@@ -300,6 +305,7 @@ def main(args):
     if args.predict:  # the trained model on new images: no --data, no run folder
         return predict(args, world)
     ckpt = training.checkpoint_to_resume(args, EVALUATE_AS_TRAINED)  # --resume's, or auto's
+    check_arch(args)  # before the run folder is made, or the demo set built
     locate_data(args, world)  # builds the demo set, or checks --data
     log = training.open_run(args, world, ckpt, RUNS_DIR)  # the run folder, locked, and its log
     loaders = build_loaders(args, world, ckpt, log)  # DALI pipelines over this process's shard
@@ -338,7 +344,8 @@ def main(args):
         # step 1 waits for none.
         val_beside = loaders.val_batches() if epoch == start_epoch else ()
         batches = training.alongside(loaders.train_batches(epoch, first_step), val_beside)
-        steps = step_log.epoch(batches, epoch, first_step, loss_sum)
+        crop = train_crop_size(args, epoch) if args.progressive_resize else None
+        steps = step_log.epoch(batches, epoch, first_step, loss_sum, crop_size=crop)
         train_loss = train_one_epoch(
             model, criterion, state, steps, step_log, epoch, args, mixup_cutmix
         )

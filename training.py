@@ -77,6 +77,7 @@ def setup_distributed(args):
         distributed="RANK" in os.environ,
         main=env["RANK"] == 0,
         device=torch.device("cuda", env["LOCAL_RANK"]) if cuda else torch.device("cpu"),
+        cpu_threads=None,
     )
     if cuda:
         if world.local_rank >= torch.cuda.device_count():
@@ -98,6 +99,8 @@ def setup_distributed(args):
         raise UsageError("--dali-device gpu: no CUDA device is visible; use --dali-device cpu")
     if args.sync_bn and not cuda and not args.evaluate:
         raise UsageError("--sync-bn: SyncBatchNorm trains on CUDA devices only")
+    if not cuda:
+        world.cpu_threads = share_cpu_threads(args)  # prepare_model logs it, in the run's log
     if world.distributed:
         # The workers that torchrun restarts (--max-restarts) would find their predecessors'
         # addresses in the launcher's store, which outlives them: each attempt keeps its own keys.
@@ -111,6 +114,25 @@ def setup_distributed(args):
             device_id=world.device if cuda else None,
         )
     return world
+
+
+def share_cpu_threads(args):
+    """A CPU-only run: torch's threads and DALI's -j share the cores this process may use; torch
+    would take one thread per core beside DALI's, and threads that wait for each other's cores slow
+    both. An OMP_NUM_THREADS the user (or torchrun) set stays torch's. Returns the split's record
+    and line, for the run's log."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    omp = os.environ.get("OMP_NUM_THREADS")
+    if omp is None:
+        torch.set_num_threads(max(1, (cores or 1) - args.workers))
+        why = "the cores less DALI's; OMP_NUM_THREADS sets torch's"
+    else:
+        why = f"OMP_NUM_THREADS={omp}"
+    threads = torch.get_num_threads()
+    return (
+        {"type": "cpu_threads", "torch": threads, "dali": args.workers, "cores": cores},
+        f"CPU threads: torch {threads} and DALI {args.workers} (-j) on {cores} cores ({why})",
+    )
 
 
 def refuse_tasks_without_torchrun():
@@ -255,21 +277,23 @@ def prepare_model(model, args, world, steps_per_epoch, log):
             use_buffers=True,
             multi_avg_fn=torch.optim.swa_utils.get_ema_multi_avg_fn(1.0 - alpha),
         )
-    lr = args.lr * args.batch_size * world.size / 256  # --lr is for a global batch of 256
+    if world.cpu_threads:
+        log(*world.cpu_threads)
+    lr, lr_from = learning_rate(args, args.batch_size * world.size)
     if args.lr_scheduler == "cosine" and args.lr_min > lr:
         raise UsageError(
-            f"--lr-min {args.lr_min} is above the learning rate, {lr:.6g} (--lr x global batch / "
-            f"256): the cosine schedule would climb"
+            f"--lr-min {args.lr_min} is above the learning rate, {lr:.6g} ({lr_from}): the cosine "
+            f"schedule would climb"
         )
     optimizer = make_optimizer(model_without_ddp, args, lr)
     # fp16 gradients underflow without loss scaling; bf16 has fp32's range and needs none.
     scaler = torch.amp.GradScaler(world.device.type, enabled=args.amp == "fp16")
     log(
-        {"type": "config", "args": vars(args)},
+        {"type": "config", "lr": lr, "args": vars(args)},
         f"{args.arch}: world size {world.size}, batch {args.batch_size} per process, global batch "
-        f"{args.batch_size * world.size}, {steps_per_epoch} steps per epoch, lr {lr:.5f} (--lr "
-        f"{args.lr} x global batch / 256), {args.opt}, {args.lr_scheduler} schedule, model on "
-        f"{world.device}, DALI on {args.dali_device}",
+        f"{args.batch_size * world.size}, {steps_per_epoch} steps per epoch, lr {lr:.6g} "
+        f"({lr_from}), {args.opt}, {args.lr_scheduler} schedule, model on {world.device}, DALI on "
+        f"{args.dali_device}",
     )
     state = {
         "model": model_without_ddp,
@@ -280,6 +304,19 @@ def prepare_model(model, args, world, steps_per_epoch, log):
     }
     model = torch.compile(model) if args.compile else model
     return model, state
+
+
+def learning_rate(args, global_batch):
+    """(the run's learning rate, where it comes from): --lr as it is, torchvision's; else timm's
+    --lr-base, a rate per --lr-base-size images, scaled to the global batch."""
+    if args.lr is not None:
+        return args.lr, f"--lr {args.lr:g}"
+    lr = args.lr_base * global_batch / args.lr_base_size
+    given = "" if "lr_base" in args.given else ", the default; --lr sets the rate itself"
+    return lr, (
+        f"--lr-base {args.lr_base:g} x global batch {global_batch} / --lr-base-size "
+        f"{args.lr_base_size}{given}"
+    )
 
 
 def load_weights(model, args):
@@ -693,7 +730,41 @@ def checkpoint_to_resume(args, as_trained=()):
         )
     if scoring:
         evaluate_as_trained(args, ckpt["args"], as_trained)
+    else:
+        resume_at_trained_rate(args, ckpt)
     return ckpt
+
+
+# The flags that set the learning rate (see learning_rate).
+RATE_FLAGS = ("lr", "lr_base", "lr_base_size")
+
+
+def resume_at_trained_rate(args, ckpt):
+    """A resume goes on at its run's learning rate: the optimizer's and schedule's saved states hold
+    it. The rate flags become the checkpoint's, so that the log and --lr-min's check say that rate;
+    a run from before --lr-base (no lr_base in its args) had --lr per 256 images. One line says
+    where this command's flags would give another rate."""
+    saved = ckpt["args"]
+    given = {k for k in saved.get("given", ()) if k in RATE_FLAGS}
+    if "lr_base" in saved:
+        then = SimpleNamespace(given=given, **{k: saved.get(k) for k in RATE_FLAGS})
+    elif "lr" in saved:
+        given = {"lr_base"} if "lr" in given else set()
+        then = SimpleNamespace(given=given, lr=None, lr_base=saved["lr"], lr_base_size=256)
+    else:
+        return
+    global_batch = saved["batch_size"] * ckpt["world_size"]
+    (lr, _), (asked, asked_from) = (learning_rate(run, global_batch) for run in (then, args))
+    for k in RATE_FLAGS:
+        setattr(args, k, getattr(then, k))
+    args.given = sorted(set(args.given) - set(RATE_FLAGS) | given)  # as the run had them
+    if not math.isclose(lr, asked) and (not dist.is_initialized() or dist.get_rank() == 0):
+        older = "" if "lr_base" in saved else " (a run from before --lr-base: its --lr was per 256)"
+        print(
+            f"--resume {args.resume}: continues at its run's lr {lr:.6g}{older}, not this "
+            f"command's {asked:.6g} ({asked_from}); to train at another, --weights it",
+            flush=True,
+        )
 
 
 def evaluate_as_trained(args, saved, names):
@@ -937,11 +1008,12 @@ class StepLog:
         self.steps, self.optimizer = steps, optimizer
         self.clock, self.done = None, 0  # the first step's time and the steps since, for the ETA
 
-    def epoch(self, batches, epoch, first_step=0, loss_sum=0.0):
+    def epoch(self, batches, epoch, first_step=0, loss_sum=0.0, crop_size=None):
         """(step, batch) of steps ``first_step + 1 .. steps``; ``loss_sum``: this process's sum over
-        the steps before ``first_step``."""
+        the steps before ``first_step``; ``crop_size``: the epoch's training crop, shown in its
+        lines where it changes from epoch to epoch (--progressive-resize)."""
         device = self.world.device
-        self.epoch_no = epoch
+        self.epoch_no, self.crop_size = epoch, crop_size
         self.loss_sum = torch.full((), loss_sum, device=device)
         self.first_bad = torch.zeros((), dtype=torch.long, device=device)
         self.new_window()
@@ -1008,11 +1080,14 @@ class StepLog:
             "img_s": images_total / elapsed,
             "data_wait": 100 * wait_total / (elapsed * size),
         }
+        crop = ""
+        if self.crop_size is not None:
+            record["train_crop_size"], crop = self.crop_size, f"  crop {self.crop_size}"
         left = (steps - step) + (self.args.epochs - epoch) * steps  # the whole run's steps to go
         eta = datetime.timedelta(seconds=round((now - self.clock) / max(1, self.done - 1) * left))
         self.log(
             record,
-            f"Epoch: [{epoch}/{self.args.epochs}] [{step:>{len(str(steps))}}/{steps}]  "
+            f"Epoch: [{epoch}/{self.args.epochs}] [{step:>{len(str(steps))}}/{steps}]{crop}  "
             f"loss {record['loss']:.4f}  lr {record['lr']:.5f}  img/s {record['img_s']:.1f}  "
             f"data-wait {record['data_wait']:.1f}%  eta {eta}",
         )
