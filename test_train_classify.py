@@ -1082,6 +1082,19 @@ def test_error_undecodable_training_image(tmp_path, content):
     assert_one_line_error(tiny_run(root, str(tmp_path / "o"), check=False), bad, "cannot decode")
 
 
+@pytest.mark.parametrize("split", ["train", "val"])
+def test_a_file_that_is_not_an_image_is_named_at_batch_32(tmp_path, split):
+    # DALI 2.4 CPU-only killed the process (SIGSEGV) in some runs when such a file failed to decode
+    # in the first batch of 32: now it is refused when the folder is listed, in every run
+    root = tiny_imagefolder(str(tmp_path / "d"), per_class=12)
+    bad = os.path.join(root, split, "b", "notes.jpg")
+    corrupt(bad, b"a text file, not a JPEG\n" * 8)
+    out = str(tmp_path / "o")
+    proc = tiny_run(root, out, "-b", "32", check=False)
+    assert_one_line_error(proc, f"{bad}: cannot decode this image: not an image file")
+    assert not os.path.exists(os.path.join(out, "checkpoint.pth"))
+
+
 def test_error_undecodable_val_image_stops_in_the_first_steps(tmp_path):
     # the first epoch reads a validation batch after each step: 5.png is in val batch 2 (batch 4, unshuffled)
     root = tiny_imagefolder(str(tmp_path / "d"), per_class=8)
