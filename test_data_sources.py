@@ -875,12 +875,14 @@ def test_npy_headers_are_parsed_one_thread_at_a_time(tmp_path, monkeypatch):
     assert calls[0] >= 8 and most == [1]
 
 
-def test_not_an_npy_file(seg_files):
+@pytest.mark.parametrize("mode, batch_size", [("eval", 2), ("eval", 32), ("train", 32)])
+def test_not_an_npy_file(seg_files, mode, batch_size):
+    # from its header, before DALI reads it: no batch of DALI's holds it (see IMAGE_MAGIC)
     imgs, lbls = seg_files
     with open(imgs[5], "w") as f:
         f.write("P6 40 24 255\n")
     with pytest.raises(DataError, match=f"{imgs[5]}: not a .npy array"):
-        fetch_dali_loader(imgs, lbls, batch_size=2, mode="eval")
+        fetch_dali_loader(imgs, lbls, batch_size=batch_size, mode=mode)
 
 
 def test_a_pickled_npy_is_refused_as_such(seg_files):
