@@ -1714,3 +1714,16 @@ def test_ra_sampler_runs_torchvisions_steps_and_validates_every_sample_once(tmp_
         root, out, "--batch-size", "48", "--epochs", "2", "--resume", path, check=False
     )
     assert_one_line_error(refused, f"--resume {path}: taken with --ra-reps 4, this run has off")
+
+
+@pytest.mark.parametrize("reps", ["0", "17", "256"])
+def test_ra_reps_is_bounded(tmp_path, capsys, reps):
+    # 256 copies of each image left an epoch of one or two images while the log said 256 copies
+    with pytest.raises(SystemExit) as exit_info:
+        train_classify.parse_args(["--data", str(tmp_path), "--ra-sampler", "--ra-reps", reps])
+    assert exit_info.value.code == 2
+    assert (
+        capsys.readouterr()
+        .err.splitlines()[-1]
+        .endswith(f"error: argument --ra-reps: must be in [1, 16], got {reps}")
+    )
