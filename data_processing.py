@@ -67,11 +67,17 @@ import shutil
 import sys
 from collections import defaultdict
 
+import flags
+
 # Demo defaults: 160 pairs of 256x256 are quick to write and to convert on a CPU, and a small
 # network trained at 64x64 or 128x128 separates these nails from skin within about a minute.
 DEMO_PER_GROUP = 40
 DEMO_GROUPS = 4
 DEMO_SIZE = (256, 256)
+# What --demo-size and --demo-per-group may ask for: a 4096-pixel demo image takes 48 MB to draw,
+# and 10,000 pairs a group are 80,000 PNG files; no typo gets to allocate more.
+DEMO_SIZES = (16, 4096)
+DEMO_MAX_PER_GROUP = 10_000
 
 
 # ------------------------------------------------------------------------------------------
@@ -114,13 +120,17 @@ def parse_args(argv=None):
     )
     parser.add_argument(
         "--demo-per-group",
-        type=int,
+        type=flags.number(
+            int, f"in [1, {DEMO_MAX_PER_GROUP}]", lambda v: 1 <= v <= DEMO_MAX_PER_GROUP
+        ),
         default=DEMO_PER_GROUP,
         help=f"demo pairs in each of its {DEMO_GROUPS} groups (default: %(default)s)",
     )
     parser.add_argument(
         "--demo-size",
-        type=int,
+        type=flags.number(
+            int, "in [%d, %d]" % DEMO_SIZES, lambda v: DEMO_SIZES[0] <= v <= DEMO_SIZES[1]
+        ),
         default=DEMO_SIZE[0],
         help="side of the square demo images in pixels (default: %(default)s)",
     )

@@ -31,7 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 from nvidia.dali import ops, tfrecord, types
 from nvidia.dali.pipeline import Pipeline
-from PIL import Image
+from PIL import Image, UnidentifiedImageError
 
 from outputs import atomic_open, progress
 
@@ -48,6 +48,23 @@ SHUFFLE_BUFFER = 4096
 # The extensions torchvision's ImageFolder accepts (case-insensitive), so that both loaders see the
 # same files.
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
+# The first bytes of the image types that DALI's decoders read: those of IMG_EXTENSIONS, and JPEG
+# 2000, which DALI decodes whatever a file's name (WebP: "RIFF", a size, "WEBP"). DALI 2.4 can kill
+# the process (SIGSEGV) when a file that is none of them fails to decode in a pipeline's first batch,
+# before it could name the file; so a folder's files are checked for these first.
+IMAGE_MAGIC = (
+    b"\xff\xd8\xff",  # JPEG
+    b"\x89PNG\r\n\x1a\n",
+    b"BM",  # BMP
+    *(b"P%d" % k for k in range(1, 7)),  # PBM, PGM, PPM (ASCII and binary)
+    b"II*\x00",  # TIFF, little- and big-endian
+    b"MM\x00*",
+    b"\x00\x00\x00\x0cjP  \r\n\x87\n",  # JPEG 2000: the JP2 file, and the bare codestream
+    b"\xff\x4f\xff\x51",
+)
+IMAGE_HEAD = 16  # bytes that hold every signature above
+# Files whose first bytes are read at once: on a network file system each read waits for an answer.
+HEAD_THREADS = 16
 # TensorFlow's shard names (train-00000-of-01024) have no extension; other writers use .tfrecord.
 TFRECORD_NAME = re.compile(r"[^.].*-\d{5}-of-\d{5}|[^.].*\.tfrecords?")
 TFRECORD_FEATURES = {
@@ -434,6 +451,8 @@ class ClassifyReader:
             self.classes, ranges = classes, []
             if labels:
                 ranges = [(file_list, min(labels), max(labels))]
+        if not remote(data_dir):  # in object storage, a request per file: DALI reads them unchecked
+            check_image_heads(self.files, f"{data_dir}: images checked")
         self.num_samples = len(self.files)
         if self.ra:
             self.ra = self.ra(self.files, labels)
@@ -659,6 +678,40 @@ def list_image_folder(data_dir, classes=None):
         files += class_files
         labels += [class_to_idx[c]] * len(class_files)
     return files, labels, found if classes is None else list(classes)
+
+
+def _head(path):
+    """The first IMAGE_HEAD bytes of a file, or the reason it cannot be read."""
+    try:  # os.open: Python's buffered file object would cost more than the read
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            return os.read(fd, IMAGE_HEAD)
+        finally:
+            os.close(fd)
+    except OSError as e:
+        return f"cannot be read ({e.strerror})"
+
+
+def _heads(paths):
+    return [_head(path) for path in paths]
+
+
+def check_image_heads(files, what):
+    """A ``DataError`` naming the first of the local image ``files`` that does not start as an
+    image does (see IMAGE_MAGIC): a text file, a GIF or a PDF named .jpg. Only the first bytes of
+    each are read, a chunk of files per thread; ``what`` names the job in progress lines."""
+    chunks = [files[k : k + 1024] for k in range(0, len(files), 1024)]
+    with ThreadPoolExecutor(HEAD_THREADS) as pool:
+        heads = itertools.chain.from_iterable(pool.map(_heads, chunks))
+        for path, head in zip(files, progress(heads, len(files), what)):
+            if isinstance(head, str):
+                raise DataError(f"{path}: {head}")
+            if not (head.startswith(IMAGE_MAGIC) or (head[:4], head[8:12]) == (b"RIFF", b"WEBP")):
+                found = f"its first bytes are {head[:8]!r}" if head else "it is empty"
+                raise DataError(
+                    f"{path}: cannot decode this image: not an image file ({found}, not those of "
+                    "a JPEG, PNG, BMP, PPM/PGM, TIFF, WebP or JPEG 2000 file); remove or replace it"
+                )
 
 
 def find_layout(split_dir):
@@ -1067,6 +1120,23 @@ def find_undecodable(pipe):
     return None
 
 
+def _image_size(name, data):
+    """(width, height) of an encoded image, from its header; ``DataError`` naming ``name`` (a file,
+    or a shard's sample) when PIL cannot read it."""
+    try:
+        with Image.open(io.BytesIO(data)) as image:
+            return image.size
+    except UnidentifiedImageError:  # its message names the BytesIO, not the file
+        raise DataError(
+            f"{name}: cannot decode this image (PIL does not know it as an image); remove or "
+            "replace it"
+        ) from None
+    except OSError as e:
+        raise DataError(
+            f"{name}: cannot decode this image (PIL: {e}); remove or replace it"
+        ) from None
+
+
 def decoded_size(pipe, sample=256):
     """MB that the images of ``pipe``'s shard take decoded (8-bit RGB), estimated from the headers
     of a sample of them: what a decoder cache must hold for every epoch after the first to find them
@@ -1077,7 +1147,7 @@ def decoded_size(pipe, sample=256):
     samples = itertools.islice(
         itertools.chain.from_iterable(_samples(pipe.layout, f) for f in files), sample
     )
-    pixels = [math.prod(Image.open(io.BytesIO(data)).size) for _, data in samples]
+    pixels = [math.prod(_image_size(name, data)) for name, data in samples]
     return (
         3
         * sum(pixels)

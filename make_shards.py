@@ -127,7 +127,7 @@ import google_crc32c
 from PIL import Image
 
 from data_processing import eight_bits
-from data_sources import DataError, list_image_folder, shard_index
+from data_sources import DataError, check_image_heads, list_image_folder, shard_index
 from outputs import atomic_open, atomic_temp_pattern, progress
 
 SPLITS = ("train", "val")
@@ -462,6 +462,10 @@ def plan_shards(src, settings):
             )
     # val is labelled by train's class names: a val class that train lacks is an error
     val_files, val_labels, _ = list_image_folder(os.path.join(src, "val"), classes)
+    # a file that is not an image would go into a shard as it is, and a trainer could only name its
+    # shard and sample (or DALI crash on it): refused here, by its own name, before any shard exists
+    for files in (train_files, val_files):
+        check_image_heads(files, f"{src}: images checked")
     manifest, shards = {**settings, "splits": {}, "classes": classes}, {}
     size, fmt = settings["shard_size"], settings["format"]
     for split, files, labels in (

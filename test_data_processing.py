@@ -669,3 +669,25 @@ def test_ignore_index_255_keeps_255_in_every_mask_and_converts_again_when_it_cha
     assert [m.tolist() for m in masks()] == [only_ignored.tolist(), with_classes.tolist()]
     assert png2numpy(src, dst, ignore_index=255) == 0
     assert png2numpy(src, dst) == 2
+
+
+@pytest.mark.parametrize(
+    "flag, value, allowed",
+    [
+        ("--demo-size", "0", "[16, 4096]"),
+        ("--demo-size", "100000", "[16, 4096]"),  # 100000² pixels: 30 GB to draw one image
+        ("--demo-per-group", "0", "[1, 10000]"),
+        ("--demo-per-group", "10000000", "[1, 10000]"),
+    ],
+)
+def test_demo_sizes_are_bounded_before_anything_is_drawn(tmp_path, capsys, flag, value, allowed):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--demo", str(tmp_path / "png"), flag, value])
+    assert exit_info.value.code == 2
+    # argparse names the program as run: here pytest
+    assert (
+        capsys.readouterr()
+        .err.splitlines()[-1]
+        .endswith(f": error: argument {flag}: must be in {allowed}, got {value}")
+    )
+    assert not (tmp_path / "png").exists()

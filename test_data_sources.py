@@ -12,6 +12,7 @@ import os
 import re
 import shutil
 import struct
+import sys
 import tarfile
 import time
 from collections import Counter
@@ -48,6 +49,7 @@ from make_shards import make_shards, write_tar, write_tfrecord
 from pipelines import (
     ClassifyTrainPipeline,
     ClassifyValPipeline,
+    SegmentPredictPipeline,
     SegmentTrainPipeline,
     SegmentValPipeline,
     classify_iterator,
@@ -535,18 +537,91 @@ def test_find_layout(split_root, tmp_path):
         find_layout(str(tmp_path / "a.tar" / "split"))
 
 
+def gif_bytes():
+    out = io.BytesIO()
+    Image.new("RGB", (40, 40), (1, 2, 3)).save(out, format="GIF")
+    return out.getvalue()
+
+
+NOT_IMAGES = {
+    "text": b"just some notes, 200 bytes of them\n" * 6,
+    "gif": gif_bytes(),
+    "pdf": b"%PDF-1.4\n1 0 obj << /Type /Catalog >> endobj\n" * 4,
+    "random": bytes(np.random.default_rng(0).integers(0, 256, 200, dtype=np.uint8)),
+    "empty": b"",
+}
+
+
+def not_an_image(path, content):
+    first = f"its first bytes are {content[:8]!r}" if content else "it is empty"
+    return (
+        f"{path}: cannot decode this image: not an image file ({first}, not those of a JPEG, PNG, "
+        "BMP, PPM/PGM, TIFF, WebP or JPEG 2000 file); remove or replace it"
+    )
+
+
+@pytest.mark.parametrize("kind", NOT_IMAGES)
+def test_a_file_that_is_not_an_image_is_named_before_dali_decodes_it(texture_folder, kind):
+    """DALI 2.4 could kill the process (SIGSEGV) when such a file failed to decode in the first
+    batch of 32 or more, before the file could be named: every reader of image files refuses it
+    when it lists them, whatever the batch."""
+    bad = texture_folder / "b c" / "bad.jpg"
+    bad.write_bytes(NOT_IMAGES[kind])
+    expected = f"^{re.escape(not_an_image(bad, NOT_IMAGES[kind]))}$"
+    with pytest.raises(DataError, match=expected):
+        ClassifyTrainPipeline(32, 1, None, str(texture_folder), crop_size=32)
+    with pytest.raises(DataError, match=expected):
+        ClassifyValPipeline(32, 1, None, str(texture_folder))
+    listed = texture_folder.parent / "list.txt"  # a DALI file list
+    listed.write_text("zebra/t0.jpg 0\nb c/bad.jpg 2\n")
+    with pytest.raises(DataError, match=expected):
+        ClassifyValPipeline(32, 1, None, str(texture_folder), file_list=str(listed))
+    with pytest.raises(DataError, match=expected):  # --predict's pipelines, which take a list
+        SegmentPredictPipeline(32, 1, None, str(texture_folder), [str(bad)])
+
+
+def test_every_image_type_that_dali_decodes_passes_the_check(tmp_path):
+    root = tmp_path / "kinds"
+    rng = np.random.default_rng(0)
+    formats = {"jpg": "JPEG", "png": "PNG", "bmp": "BMP", "ppm": "PPM", "tif": "TIFF"}
+    formats.update({"webp": "WEBP", "pgm": "PPM"})  # PIL writes PGM with its PPM writer
+    for k, (ext, fmt) in enumerate(formats.items()):
+        (root / f"c{k}").mkdir(parents=True)
+        pixels = rng.integers(0, 256, (24, 32, 3), dtype=np.uint8)
+        image = Image.fromarray(pixels[..., 0] if ext == "pgm" else pixels)
+        image.save(root / f"c{k}" / f"0.{ext}", format=fmt)
+    pipe = ClassifyValPipeline(len(formats), 1, None, str(root), crop_size=16, resize_size=16)
+    _, labels = one_epoch(pipe)  # DALI decodes every one of them
+    assert sorted(labels) == list(range(len(formats)))
+
+
+def test_decoder_cache_plan_names_a_file_pil_cannot_read(solid_folder):
+    pipe = ClassifyValPipeline(2, 1, None, str(solid_folder))
+    bad = solid_folder / "b c" / "img3.png"
+    bad.write_bytes(b"\x89PNG\r\n\x1a\n broken")  # a PNG's signature, then nothing of one
+    with pytest.raises(
+        DataError,
+        match=f"^{re.escape(str(bad))}: cannot decode this image \\(PIL does not know it as an "
+        "image\\); remove or replace it$",
+    ):
+        data_sources.decoded_size(pipe)
+
+
 def test_find_undecodable_names_a_zero_byte_file(solid_folder):
-    assert find_undecodable(ClassifyValPipeline(2, 1, None, str(solid_folder))) is None
+    assert find_undecodable(pipe := ClassifyValPipeline(2, 1, None, str(solid_folder))) is None
+    # emptied after the pipeline listed it: the listing itself refuses a file that is no image
     (solid_folder / "b c" / "img3.png").write_bytes(b"")
-    found = find_undecodable(ClassifyValPipeline(2, 1, None, str(solid_folder)))
+    found = find_undecodable(pipe)
     assert found == str(solid_folder / "b c" / "img3.png")
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
-def test_find_undecodable_names_the_sample_in_a_shard(split_root, fmt):
+def test_find_undecodable_names_the_sample_in_a_shard(split_root, fmt, monkeypatch):
     dst = to_shards(split_root, fmt)
     assert find_undecodable(ClassifyValPipeline(2, 1, None, str(dst / "train"))) is None
     (split_root / "train" / "b c" / "img4.png").write_bytes(b"not a png")
+    # shards written by another tool, which let a file that is no image in (make_shards.py doesn't)
+    monkeypatch.setattr(sys.modules["make_shards"], "check_image_heads", lambda *_: None)
     dst = to_shards(split_root, fmt, seed=1)
     found = find_undecodable(ClassifyValPipeline(2, 1, None, str(dst / "train")))
     shard, sample = re.fullmatch(r"(.+): sample (\S+)", found).groups()
@@ -564,14 +639,14 @@ def test_find_undecodable_names_the_sample_in_a_shard(split_root, fmt):
 def test_find_undecodable_names_an_image_that_only_pil_reads(solid_folder, tmp_path):
     """A GIF saved as .jpg, common in scraped sets: PIL opens it, DALI's decoder does not."""
     bad = solid_folder / "b c" / "img2.png"
+    # written after the pipeline listed it: the listing itself refuses a file that is no image
+    pipe = ClassifyValPipeline(2, 1, None, str(solid_folder))
     Image.new("RGB", (40, 40), (1, 2, 3)).save(bad, format="GIF")
     with Image.open(bad) as image:
         image.load()  # PIL reads it
-    assert find_undecodable(ClassifyValPipeline(2, 1, None, str(solid_folder))) == str(bad)
+    assert find_undecodable(pipe) == str(bad)
     with pytest.raises(DataError, match=f"^{re.escape(str(bad))}: cannot decode this image"):
-        with data_sources.decode_errors_named(
-            pipe := ClassifyValPipeline(2, 1, None, str(solid_folder))
-        ):
+        with data_sources.decode_errors_named(pipe):
             for _ in classify_iterator(pipe):
                 pass
 
@@ -805,12 +880,14 @@ def test_npy_headers_are_parsed_one_thread_at_a_time(tmp_path, monkeypatch):
     assert calls[0] >= 8 and most == [1]
 
 
-def test_not_an_npy_file(seg_files):
+@pytest.mark.parametrize("mode, batch_size", [("eval", 2), ("eval", 32), ("train", 32)])
+def test_not_an_npy_file(seg_files, mode, batch_size):
+    # from its header, before DALI reads it: no batch of DALI's holds it (see IMAGE_MAGIC)
     imgs, lbls = seg_files
     with open(imgs[5], "w") as f:
         f.write("P6 40 24 255\n")
     with pytest.raises(DataError, match=f"{imgs[5]}: not a .npy array"):
-        fetch_dali_loader(imgs, lbls, batch_size=2, mode="eval")
+        fetch_dali_loader(imgs, lbls, batch_size=batch_size, mode=mode)
 
 
 def test_a_pickled_npy_is_refused_as_such(seg_files):

@@ -626,3 +626,20 @@ def test_a_class_name_holding_a_line_break_is_refused(src, tmp_path, capsys, nam
         "classes.txt cannot; rename it",
     )
     assert not (tmp_path / "dst").exists()
+
+
+@pytest.mark.parametrize("fmt", ["tfrecord", "wds"])
+@pytest.mark.parametrize("split", ["train", "val"])
+def test_a_file_that_is_not_an_image_is_refused_before_any_shard_is_written(
+    src, tmp_path, capsys, fmt, split
+):
+    # a trainer could name only its shard and sample, and DALI 2.4 could crash on it first
+    bad = next((src / split).glob("*/")) / "notes.jpg"
+    bad.write_text("written by a careless script\n")
+    assert run_main(capsys, src, tmp_path / "dst", "--format", fmt) == (
+        2,
+        f"error: {bad}: cannot decode this image: not an image file (its first bytes are "
+        "b'written ', not those of a JPEG, PNG, BMP, PPM/PGM, TIFF, WebP or JPEG 2000 file); "
+        "remove or replace it",
+    )
+    assert not (tmp_path / "dst").exists()

@@ -283,3 +283,22 @@ def test_classify_two_processes_under_torchrun_give_one_row_per_image(
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert [row[0] for row in predictions(out)[1:]] == sorted(name for name, *_ in IMAGES)
+
+
+@pytest.mark.parametrize("trainer", ["train_classify.py", "train_segment.py"])
+def test_a_file_that_is_not_an_image_is_named_at_the_default_batch(
+    trainer, classify_ckpt, segment_ckpt, tmp_path
+):
+    # DALI 2.4 killed the process (SIGSEGV) in some runs when such a file failed to decode in a
+    # first batch of 32 or more (--predict's default batch): now it is refused when listed
+    ckpt = classify_ckpt if trainer == "train_classify.py" else segment_ckpt
+    folder = write_images(tmp_path / "in", [(f"{k}.png", 20, 24, 3) for k in range(40)])
+    bad = tmp_path / "in" / "scan.jpg"
+    bad.write_bytes(b"%PDF-1.4\n" + bytes(200))
+    out = tmp_path / "out"
+    proc = run(trainer, "--predict", folder, "--resume", ckpt, "--output-dir", str(out))
+    assert_one_line_error(
+        proc,
+        f"{bad}: cannot decode this image: not an image file (its first bytes are b'%PDF-1.4'",
+    )
+    assert not out.exists() or os.listdir(out) == []

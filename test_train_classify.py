@@ -1215,6 +1215,19 @@ def test_error_undecodable_training_image(tmp_path, content):
     assert_one_line_error(tiny_run(root, str(tmp_path / "o"), check=False), bad, "cannot decode")
 
 
+@pytest.mark.parametrize("split", ["train", "val"])
+def test_a_file_that_is_not_an_image_is_named_at_batch_32(tmp_path, split):
+    # DALI 2.4 CPU-only killed the process (SIGSEGV) in some runs when such a file failed to decode
+    # in the first batch of 32: now it is refused when the folder is listed, in every run
+    root = tiny_imagefolder(str(tmp_path / "d"), per_class=12)
+    bad = os.path.join(root, split, "b", "notes.jpg")
+    corrupt(bad, b"a text file, not a JPEG\n" * 8)
+    out = str(tmp_path / "o")
+    proc = tiny_run(root, out, "-b", "32", check=False)
+    assert_one_line_error(proc, f"{bad}: cannot decode this image: not an image file")
+    assert not os.path.exists(os.path.join(out, "checkpoint.pth"))
+
+
 def test_error_undecodable_val_image_stops_in_the_first_steps(tmp_path):
     # the first epoch reads a validation batch after each step: 5.png is in val batch 2 (batch 4, unshuffled)
     root = tiny_imagefolder(str(tmp_path / "d"), per_class=8)
@@ -1939,3 +1952,16 @@ def test_ra_sampler_runs_torchvisions_steps_and_validates_every_sample_once(tmp_
         root, out, "--batch-size", "48", "--epochs", "2", "--resume", path, check=False
     )
     assert_one_line_error(refused, f"--resume {path}: taken with --ra-reps 4, this run has off")
+
+
+@pytest.mark.parametrize("reps", ["0", "17", "256"])
+def test_ra_reps_is_bounded(tmp_path, capsys, reps):
+    # 256 copies of each image left an epoch of one or two images while the log said 256 copies
+    with pytest.raises(SystemExit) as exit_info:
+        train_classify.parse_args(["--data", str(tmp_path), "--ra-sampler", "--ra-reps", reps])
+    assert exit_info.value.code == 2
+    assert (
+        capsys.readouterr()
+        .err.splitlines()[-1]
+        .endswith(f"error: argument --ra-reps: must be in [1, 16], got {reps}")
+    )

@@ -15,6 +15,7 @@ import torch
 import torchvision
 from PIL import Image
 
+import train_segment
 from conftest import DELETE_AT_FIRST_SAVE
 from data_processing import make_csv_file_npy
 from train_segment import save_overlay
@@ -729,4 +730,30 @@ def test_metrics_at_each_masks_own_size_equal_a_numpy_reference(tmp_path, device
     assert (metrics["val_dice_bg"], metrics["val_iou_bg"]) == (0, 0)  # class 0 never predicted
     assert describe(metrics) == (
         f"Dice {dice[1:].mean():.3f} IoU {iou[1:].mean():.3f} (bg Dice 0.000 IoU 0.000)"
+    )
+
+
+@pytest.mark.parametrize("scales", [["0.5", "1e6"], ["0.01", "2"], ["0.5", "4.5"]])
+def test_scale_range_is_bounded_before_it_allocates(tmp_path, capsys, scales):
+    # 1e6 times --size would be a crop of 384 million pixels a side
+    with pytest.raises(SystemExit) as exit_info:
+        train_segment.parse_args(["--data", str(tmp_path), "--scale-range", *scales])
+    bad = next(s for s in scales if not 0.1 <= float(s) <= 4)
+    assert exit_info.value.code == 2
+    assert (
+        capsys.readouterr()
+        .err.splitlines()[-1]
+        .endswith(f"error: argument --scale-range: must be in [0.1, 4], got {bad}")
+    )
+
+
+def test_ignore_index_above_what_the_masks_hold_is_one_line(tmp_path):
+    # DALI's uint8 masks cannot hold 300: a traceback from the pipeline before, with or without
+    # --scale-range
+    root = prepared_root(str(tmp_path / "p"), classes=3)
+    proc = tiny(root, "--num-classes", "3", "--ignore-index", "300", out=str(tmp_path / "o"))
+    assert_one_line_error(
+        proc,
+        f"--ignore-index 300: the masks of {root} are uint8, which hold values up to 255; "
+        "expected a value in [3, 255] (no class takes it)",
     )

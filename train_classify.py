@@ -31,6 +31,8 @@ DEMO_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), ".cache", "d
 # --data demo: a small, quick run; flags given on the command line still win.
 # What --evaluate takes from its checkpoint unless given: the model, and how its run validated.
 EVALUATE_AS_TRAINED = ("arch", "num_classes", "label_offset", "val_resize_size", "val_crop_size")
+# --ra-reps: at most this many copies of an image an epoch (see its flag)
+MAX_RA_REPS = 16
 DEMO_DEFAULTS = dict(
     arch="resnet18",
     epochs=6,
@@ -103,7 +105,12 @@ def get_args_parser():
         "images, each --ra-reps times across the processes (ImageFolder trees and file lists)",
     )
     g.add_argument(
-        "--ra-reps", type=flags.at_least_1, default=3, help="copies of each image (--ra-sampler)"
+        "--ra-reps",
+        # RASampler keeps len // 256 * 256 indices an epoch, --ra-reps copies of each: 256 copies
+        # would leave an epoch of one or two images; DeiT and torchvision use 3
+        type=flags.number(int, f"in [1, {MAX_RA_REPS}]", lambda v: 1 <= v <= MAX_RA_REPS),
+        default=3,
+        help=f"copies of each image (--ra-sampler), at most {MAX_RA_REPS}",
     )
     flags.add_loader_flags(g)
     g.add_argument(

@@ -31,6 +31,8 @@ RUNS_DIR = "runs/segment"
 DEMO_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), ".cache", "demo-segment-v1")
 # What --evaluate takes from its checkpoint unless given: the model, and the size it ran at.
 EVALUATE_AS_TRAINED = ("arch", "num_classes", "unet_width", "size")
+# --scale-range: the smallest and largest scale of --size; 4x a 384 crop is 1536 pixels a side
+SCALES = (0.1, 4.0)
 # --data demo: a small, quick run; flags given on the command line still win.
 DEMO_DEFAULTS = dict(
     epochs=6,
@@ -83,7 +85,7 @@ def get_args_parser():
     g.add_argument(
         "--scale-range",
         nargs=2,
-        type=flags.positive,
+        type=flags.number(float, "in [%g, %g]" % SCALES, lambda v: SCALES[0] <= v <= SCALES[1]),
         metavar=("LO", "HI"),
         help="train on random scales, as torchvision's reference (0.5 2.0): image and mask scaled "
         "by s ~ U(LO, HI) of --size, then randomly cropped or padded back to --size",
@@ -182,6 +184,7 @@ import training
 from data_processing import eight_bits
 from data_sources import (
     DataError,
+    check_segmentation_files,
     data_digest,
     decode_errors_named,
     first_gone,
@@ -667,6 +670,7 @@ def build_loaders(args, world, ckpt, log):
     # Checkpointing the train pipeline (reader position, random states) costs nothing until asked.
     checkpoint = dali_state[world.rank] if dali_state else None
     (train_imgs, train_lbls), (val_imgs, val_lbls) = splits["train"], splits["valid"]
+    check_ignore_index(args, train_imgs, train_lbls)
     train_pipe = SegmentTrainPipeline(
         args.batch_size,
         imgs=train_imgs,
@@ -738,6 +742,21 @@ def check_mask_values(args, world, splits):
                 f"{found[0]}: mask holds class {found[1]}; expected values {expected}, or "
                 f"--ignore-index {found[1]} if that value marks pixels to leave out"
             )
+
+
+def check_ignore_index(args, imgs, lbls):
+    """--ignore-index fills the masks where a training crop pads them: a value their type holds
+    (DALI hands out uint8 masks as they are, the others as int32)."""
+    if args.ignore_index is None:
+        return
+    _, (_, dtype) = check_segmentation_files(imgs, lbls)  # (shape, dtype), from the headers
+    highest = 255 if dtype.name in ("uint8", "bool") else 2**31 - 1
+    if args.ignore_index > highest:
+        raise UsageError(
+            f"--ignore-index {args.ignore_index}: the masks of {args.data} are {dtype}, "
+            f"which hold values up to {highest}; expected a value in "
+            f"[{max(2, args.num_classes)}, {highest}] (no class takes it)"
+        )
 
 
 def train_batches(args, world, loaders, first_step):
