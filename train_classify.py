@@ -186,7 +186,14 @@ import torchvision
 from torchvision.transforms import v2
 
 import training
-from data_sources import data_digest, decode_errors_named, isdir, plan_decoder_cache
+from data_sources import (
+    check_unchanged,
+    data_digest,
+    decode_errors_named,
+    isdir,
+    plan_decoder_cache,
+    watch,
+)
 from outputs import atomic_open
 from pipelines import ClassifyTrainPipeline, ClassifyValPipeline, classify_iterator
 from predict import checkpoint_to_predict, images_to_predict, load_to_predict, refuse_overwrite
@@ -346,6 +353,8 @@ def main(args):
         metrics, line = validate(state, loaders, args, world.device, step_log)
         if args.progressive_resize:
             metrics["train_crop_size"] = train_crop_size(args, epoch)
+        if world.main:  # an s3:// object replaced under the run: stop before the epoch is saved
+            check_unchanged(loaders.watched)
         path = checkpoints.save(epoch, loaders.steps, score=metrics["val_top1"])
         log.epoch_end(epoch, loaders.steps, train_loss, metrics, line, time.perf_counter() - start)
         if signum := stop.agree()[0]:
@@ -510,6 +519,7 @@ def build_loaders(args, world, ckpt, log):
     # what the run reads, for the checkpoints the main process writes; scoring one needs none
     on_main = world.main and not args.evaluate
     digest = data_digest(train_pipe.read.data_dir, train_pipe.files) if on_main else None
+    watched = [watch(p.read.data_dir, p.files) for p in (train_pipe, val_pipe)] if on_main else []
     if ckpt:
         training.check_resumable(
             ckpt, args, classes, train_pipe.num_samples, world.size, digest, train_pipe.graph
@@ -526,6 +536,7 @@ def build_loaders(args, world, ckpt, log):
         num_classes=train_pipe.num_classes,
         num_samples=train_pipe.num_samples,
         data_digest=digest,
+        watched=watched,
         decoder_cache=cache,
         graph=train_pipe.graph,
         val_batches=lambda: batches_on_device(val_loader, val_pipe, world.device),

@@ -182,6 +182,7 @@ import training
 from data_processing import eight_bits
 from data_sources import (
     DataError,
+    check_unchanged,
     data_digest,
     decode_errors_named,
     first_gone,
@@ -189,6 +190,7 @@ from data_sources import (
     isdir,
     read_split,
     remote,
+    watch,
 )
 from outputs import atomic_open
 from pipelines import (
@@ -465,6 +467,8 @@ def main(args):
         first_step, loss_sum = 0, 0.0
         training.sync_buffers(model_without_ddp, model_ema)
         metrics, line, first = validate(state, loaders, args, world.device, step_log)
+        if world.main:  # an s3:// object replaced under the run: stop before the epoch is saved
+            check_unchanged(loaders.watched)
         path = checkpoints.save(epoch, loaders.steps, score=metrics["val_dice"])
         if world.main:
             save_overlay(
@@ -685,7 +689,8 @@ def build_loaders(args, world, ckpt, log):
     classes, num_samples = [str(k) for k in range(args.num_classes)], len(train_imgs)
     # what the run reads, for the checkpoints the main process writes; scoring one needs none
     train_files = train_imgs + train_lbls
-    digest = data_digest(args.data, train_files) if world.main and not args.evaluate else None
+    on_main = world.main and not args.evaluate
+    digest = data_digest(args.data, train_files) if on_main else None
     if ckpt:
         training.check_resumable(
             ckpt, args, classes, num_samples, world.size, digest, train_pipe.graph
@@ -699,6 +704,7 @@ def build_loaders(args, world, ckpt, log):
         channels=train_pipe.channels,
         num_samples=num_samples,
         data_digest=digest,
+        watched=[watch(args.data, train_files + val_imgs + val_lbls)] if on_main else [],
         train_files=train_files,
         graph=train_pipe.graph,
         val_batches=lambda: batches_on_device(val_loader, val_imgs + val_lbls, world.device),
