@@ -194,9 +194,14 @@ from data_sources import (
     plan_decoder_cache,
     watch,
 )
-from outputs import atomic_open
 from pipelines import ClassifyTrainPipeline, ClassifyValPipeline, classify_iterator
-from predict import checkpoint_to_predict, images_to_predict, load_to_predict, refuse_overwrite
+from predict import (
+    checkpoint_to_predict,
+    images_to_predict,
+    load_to_predict,
+    refuse_overwrite,
+    written,
+)
 from training import UsageError
 
 
@@ -333,7 +338,7 @@ def main(args):
     checkpoints = training.Checkpoints(
         log, state, loaders, args, world, best, decoder_cache=loaders.decoder_cache
     )
-    stop = training.StopSignals(world)  # from here SIGTERM, SIGINT, SIGUSR1 stop the run at a step
+    stop = training.StopSignals(world)  # from here SIGTERM, SIGUSR1 and the others stop the run
     step_log = training.StepLog(
         args, world, log, checkpoints, stop, loaders.steps, state["optimizer"]
     )
@@ -374,7 +379,7 @@ def predict(args, world):
     first; the images transformed as validation's. Under torchrun each process predicts its share
     and the main one writes the file."""
     ckpt = checkpoint_to_predict(args, EVALUATE_AS_TRAINED)
-    files = images_to_predict(args)
+    files = images_to_predict(args, world, writes_images=False)  # a CSV file, no image
     path = os.path.join(args.output_dir, "predictions.csv")
     refuse_overwrite(args, [(path, args.predict)])
     classes = ckpt.get("classes") or [str(k) for k in range(args.num_classes or 1000)]
@@ -408,8 +413,7 @@ def predict(args, world):
         shares = [None] * world.size if world.main else None
         dist.gather_object(rows, shares, dst=0)
     if world.main:
-        os.makedirs(args.output_dir, exist_ok=True)
-        with atomic_open(path, "w") as f:
+        with written(path, "w") as f:
             writer = csv.writer(f, lineterminator="\n")
             writer.writerow(
                 ["path"] + [f"{c}{n}" for n in range(1, top_k + 1) for c in ("class", "prob")]

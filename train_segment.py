@@ -200,7 +200,13 @@ from pipelines import (
     predict_iterator,
     segment_iterator,
 )
-from predict import checkpoint_to_predict, images_to_predict, load_to_predict, refuse_overwrite
+from predict import (
+    checkpoint_to_predict,
+    images_to_predict,
+    load_to_predict,
+    refuse_overwrite,
+    written,
+)
 from training import UsageError
 
 
@@ -451,7 +457,7 @@ def main(args):
     checkpoints = training.Checkpoints(
         log, state, loaders, args, world, best, channels=loaders.channels
     )
-    stop = training.StopSignals(world)  # from here SIGTERM, SIGINT, SIGUSR1 stop the run at a step
+    stop = training.StopSignals(world)  # from here SIGTERM, SIGUSR1 and the others stop the run
     step_log = training.StepLog(
         args, world, log, checkpoints, stop, loaders.steps, state["optimizer"]
     )
@@ -536,7 +542,7 @@ def predict(args, world):
     beside it with the classes drawn over it under --output-dir/overlays/. Under torchrun each
     process predicts its share of the images."""
     ckpt = checkpoint_to_predict(args, EVALUATE_AS_TRAINED)
-    files = images_to_predict(args)
+    files = images_to_predict(args, world)
     masks, overlays = prediction_paths(args, files, ""), prediction_paths(args, files, "overlays")
     refuse_overwrite(args, zip(masks + overlays, files + files))
     channels = trained_channels(ckpt)
@@ -619,8 +625,7 @@ def save_prediction(mask_path, overlay_path, source, pred, colors):
     drawn = draw_segmentation_masks(image, pred.cpu() == shown, alpha=0.45, colors=colors[1:])
     overlay = Image.fromarray(torch.cat([image, drawn], dim=2).permute(1, 2, 0).numpy())
     for path, picture in ((mask_path, mask), (overlay_path, overlay)):
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with atomic_open(path) as f:
+        with written(path) as f:
             picture.save(f, format="png")
 
 
