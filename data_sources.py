@@ -327,15 +327,37 @@ def remote_shard_index(shard, layout):
 def find_changed(pipe):
     """The first of ``pipe``'s s3:// files that is gone, or of another size or ETag, since the run
     listed them; or None."""
-    split = pipe.read.data_dir
+    return first_changed(pipe.read.data_dir, pipe.files)
+
+
+def first_changed(root, files):
+    """The first of ``files`` under the s3:// prefix ``root`` that is gone, or of another size or
+    ETag, in a new listing than in the run's (see ``watch``); or None."""
     # the listing this run used, and a new one
-    before, now = (
-        s3_files(split),
-        s3_files.__wrapped__(split),
-    )
+    before, now = s3_files(root), s3_files.__wrapped__(root)
     return next(
-        (f for f in pipe.files if now.get(rel := f[len(split) :].lstrip("/")) != before[rel]), None
+        (f for f in files if now.get(rel := f[len(root) :].lstrip("/")) != before.get(rel)), None
     )
+
+
+def watch(root, files):
+    """``(root, files)`` for ``check_unchanged``; an s3:// root's listing is taken now, the one
+    that later listings are compared with."""
+    if remote(root):
+        s3_files(root)
+    return root, files
+
+
+def check_unchanged(watched):
+    """A ``DataError`` naming the first s3:// file of ``watched`` (``watch``'s pairs) replaced or
+    gone since the run listed it. DALI reads a replaced object's new bytes without a word (only
+    one cut short fails it), so a run asks the store again: one listing of each root."""
+    for root, files in watched:
+        if remote(root) and (changed := first_changed(root, files)):
+            raise DataError(
+                f"{changed}: changed or gone since this run listed it (another size or ETag); "
+                "the data must stay as listed for the whole run"
+            )
 
 
 def first_gone(files):

@@ -4,9 +4,10 @@ ends as a single process does.
     python launch.py --standalone --nproc_per_node=8 train_classify.py --data /data/imagenet ...
 
 It takes torchrun's own flags. Plain torchrun dies at once on SIGUSR1 (SLURM's --signal=USR1@120),
-leaving its workers to train on, and after a SIGTERM it exits 1 with a traceback. Here SIGUSR1 is
-passed on as SIGTERM is, each worker saves its stop checkpoint (training.StopSignals), and the exit
-status is 128 + the signal, which a batch script can requeue on.
+leaving its workers to train on, and after a SIGTERM it exits 1 with a traceback. Here SIGUSR1 and
+SIGUSR2 are passed on as SIGTERM and SIGHUP are, each worker saves its stop checkpoint
+(training.StopSignals), and the exit status is 128 + the signal, which a batch script can requeue
+on.
 """
 
 import os
@@ -37,8 +38,9 @@ if __name__ == "__main__":
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.run import main
 
-    # torchrun's --signals-to-handle default, read from its PET_ variable, with SIGUSR1 added
-    os.environ.setdefault("PET_SIGNALS_TO_HANDLE", "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1")
+    # torchrun's --signals-to-handle default, read from its PET_ variable, with the other stop
+    # signals of the workers (training.STOP_SIGNALS) added
+    os.environ.setdefault("PET_SIGNALS_TO_HANDLE", "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1,SIGUSR2")
     try:
         main()
     except SignalException as e:  # the workers have had the signal and have ended

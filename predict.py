@@ -3,11 +3,14 @@ train_segment.py: the model to predict with (a checkpoint or a weights file, loa
 images to predict on, and the refusal to overwrite what a run already wrote.
 """
 
+import contextlib
 import os
 
 import torch.distributed as dist
+from PIL import Image
 
 from data_sources import walk
+from outputs import atomic_open
 from training import (
     UsageError,
     checkpoint_to_resume,
@@ -18,12 +21,22 @@ from training import (
 
 # What --predict reads: PNG and JPEG files, known by their extension (any case).
 PREDICT_EXTENSIONS = (".png", ".jpg", ".jpeg")
+# The largest image --predict takes: DALI 2.4's CPU decoder decoded a 5,000 x 5,000 PNG and failed
+# with std::bad_alloc on 8,000 x 8,000; the segmentation outputs are as large again, many times.
+PREDICT_MAX_PIXELS = 5000 * 5000
 
 
 def checkpoint_to_predict(args, as_trained):
     """--predict's model: --resume's checkpoint (see checkpoint_to_resume), or --weights' file: a
     checkpoint of the trainer's (the flags in ``as_trained`` then its run's unless given) or a
     bare state dict (the flags as given), as {"model": state dict}."""
+    if args.resume == "auto" and not os.path.isfile(
+        os.path.join(args.output_dir, "checkpoint.pth")
+    ):
+        raise UsageError(
+            f"--resume auto: no checkpoint.pth in --output-dir {args.output_dir} to predict with; "
+            "pass --resume CHECKPOINT"
+        )
     if args.resume:
         return checkpoint_to_resume(args, as_trained)
     try:
@@ -54,32 +67,66 @@ def load_to_predict(model, ckpt, args, world):
     return model.to(world.device).eval()
 
 
-def images_to_predict(args):
+def images_to_predict(args, world, writes_images=True):
     """Every PNG or JPEG file under --predict DIR, in any subfolder, sorted; none inside
-    --output-dir, which may lie within DIR: a second run must not predict on the first's output."""
+    --output-dir, which may lie within DIR: a second run must not predict on the first's output.
+    A trainer that ``writes_images`` refuses an --output-dir that is DIR or holds it (its outputs
+    would land among the images, on their names); each process needs an image (DALI's shards)."""
     root = args.predict
     if not os.path.isdir(root):
         raise UsageError(
             f"--predict {root}: no such directory (expected PNG or JPEG files under DIR)"
         )
     out = os.path.join(os.path.abspath(args.output_dir), "")
+    holds_root = os.path.join(os.path.abspath(root), "").startswith(out)
+    if holds_root and writes_images:
+        raise UsageError(
+            f"--output-dir {args.output_dir}: is --predict {root} or holds it, so the masks would "
+            "be written among the images; pass a folder outside DIR (or one within it)"
+        )
     files = [
         f
         for f in walk(root)
-        if f.lower().endswith(PREDICT_EXTENSIONS) and not os.path.abspath(f).startswith(out)
+        if f.lower().endswith(PREDICT_EXTENSIONS)
+        and (holds_root or not os.path.abspath(f).startswith(out))
     ]
     if not files:
         raise UsageError(
             f"--predict {root}: no image found (expected PNG or JPEG files under DIR, in any "
             f"subfolder, named .png, .jpg or .jpeg)"
         )
+    if len(files) < world.size:
+        raise UsageError(
+            f"--predict {root}: fewer images ({len(files)}) than processes ({world.size}); each "
+            f"process needs one: run at most {len(files)}"
+        )
+    check_sizes(files)
     return files
+
+
+def check_sizes(files):
+    """An image of more than PREDICT_MAX_PIXELS is refused in one line naming it, from its header
+    (PIL reads no pixels to say its size), before any is decoded."""
+    for path in files:
+        with contextlib.suppress(OSError):  # not an image: DALI's decoder names it
+            with Image.open(path) as im:
+                width, height = im.size
+            if width * height > PREDICT_MAX_PIXELS:
+                raise UsageError(
+                    f"{path}: {width} x {height} pixels, more than --predict takes "
+                    f"({PREDICT_MAX_PIXELS:,} pixels: DALI's CPU decoder runs out of memory on "
+                    "larger ones); downscale it first"
+                )
 
 
 def refuse_overwrite(args, outputs):
     """``outputs``, (file to write, the input it comes from) pairs: refused in one line where two
-    inputs would write one file, or, without --overwrite, where a file exists. Every process
-    checks before any writes."""
+    inputs would write one file, or, without --overwrite, where a file exists; an --output-dir
+    that is a file is refused. Every process checks before any writes."""
+    if os.path.exists(args.output_dir) and not os.path.isdir(args.output_dir):
+        raise UsageError(
+            f"--output-dir {args.output_dir}: is a file; expected a folder for the predictions"
+        )
     made_from = {}
     for path, source in outputs:
         if path in made_from:
@@ -93,3 +140,18 @@ def refuse_overwrite(args, outputs):
         )
     if dist.is_initialized():
         dist.barrier()  # no process writes before every one has checked
+
+
+@contextlib.contextmanager
+def written(path, mode="wb"):
+    """``atomic_open(path)``, its folder made first: a full disk or a folder that cannot be written
+    is one line naming the file, which is left out whole (the outputs written before it stay)."""
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with atomic_open(path, mode) as f:
+            yield f
+    except OSError as e:
+        raise UsageError(
+            f"{path}: could not write it ({e.strerror or e}); the outputs written before it are "
+            "kept, none is half-written"
+        ) from None

@@ -306,7 +306,7 @@ def test_more_processes_than_gpus_is_refused_with_one_line(tmp_path):
     )
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGUSR1])
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGUSR1, signal.SIGHUP, signal.SIGUSR2])
 def test_a_stop_signal_to_the_launcher_stops_every_rank_at_one_step_with_one_checkpoint(
     tmp_path, signum
 ):

@@ -15,7 +15,8 @@ from PIL import Image
 
 from data_processing import make_csv_file_npy
 from pipelines import SegmentPredictPipeline, fetch_dali_loader, predict_iterator, segment_iterator
-from test_train_classify import assert_one_line_error, tiny_imagefolder
+from predict import PREDICT_MAX_PIXELS
+from test_train_classify import DISK_FULL, assert_one_line_error, tiny_imagefolder
 from train_segment import UNet
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -302,3 +303,108 @@ def test_a_file_that_is_not_an_image_is_named_at_the_default_batch(
         f"{bad}: cannot decode this image: not an image file (its first bytes are b'%PDF-1.4'",
     )
     assert not out.exists() or os.listdir(out) == []
+
+
+# ------------------------------------------------------------------------------------------
+# --predict at its edges, both trainers
+# ------------------------------------------------------------------------------------------
+
+SCRIPTS = {"classify": "train_classify.py", "segment": "train_segment.py"}
+
+
+@pytest.fixture(params=["classify", "segment"])
+def trained(request):
+    """(script, checkpoint) of each trainer."""
+    return SCRIPTS[request.param], request.getfixturevalue(f"{request.param}_ckpt")
+
+
+def test_predict_resume_auto_without_a_checkpoint_is_one_line(images, trained, tmp_path):
+    script, _ = trained
+    out = str(tmp_path / "out")
+    proc = run(script, "--predict", images, "--resume", "auto", "--output-dir", out)
+    assert_one_line_error(
+        proc, f"error: --resume auto: no checkpoint.pth in --output-dir {out} to predict with; "
+    )
+    assert not os.path.exists(out)
+
+
+def test_predict_into_a_file_is_one_line_and_keeps_it(images, trained, tmp_path):
+    script, ckpt = trained
+    out = tmp_path / "out"
+    out.write_text("mine")
+    proc = run(script, "--predict", images, "--resume", ckpt, "--output-dir", str(out))
+    assert_one_line_error(proc, f"error: --output-dir {out}: is a file; expected a folder")
+    assert out.read_text() == "mine"
+
+
+def test_predict_into_its_own_folder_writes_the_csv_there_and_refuses_masks(trained, tmp_path):
+    """predictions.csv beside the images is no image a later run reads; masks over the images'
+    own names would replace them."""
+    script, ckpt = trained
+    folder = write_images(tmp_path / "in")
+    before = {name: open(os.path.join(folder, name), "rb").read() for name, *_ in IMAGES}
+    proc = run(script, "--predict", folder, "--resume", ckpt, "--output-dir", folder)
+    if script == "train_classify.py":
+        assert proc.returncode == 0, proc.stderr
+        rows = predictions(folder)[1:]
+        assert sorted(row[0] for row in rows) == sorted(name for name, *_ in IMAGES)
+    else:
+        assert_one_line_error(
+            proc, f"error: --output-dir {folder}: is --predict {folder} or holds it, so the masks"
+        )
+        assert sorted(os.listdir(folder)) == ["g.png", "sub"]
+    assert {name: open(os.path.join(folder, name), "rb").read() for name in before} == before
+
+
+def test_predict_with_fewer_images_than_processes_is_one_line(trained, tmp_path):
+    script, ckpt = trained
+    folder = write_images(tmp_path / "in", IMAGES[:1])
+    out = str(tmp_path / "out")
+    proc = run(
+        script, "--predict", folder, "--resume", ckpt, "--output-dir", out, "-b", "1",
+        launcher=(sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
+                  "--master_port=29539"),
+    )  # fmt: skip
+    assert proc.returncode != 0
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    assert errors and set(errors) == {
+        f"error: --predict {folder}: fewer images (1) than processes (2); each process needs one: "
+        "run at most 1"
+    }, proc.stderr[-3000:]
+    # torchrun's own traceback of its failed child follows; the workers' DALI never started
+    assert "nvidia/dali" not in proc.stderr and not os.path.exists(out)
+
+
+def test_predict_refuses_an_image_too_large_to_decode_from_its_header(trained, tmp_path):
+    script, ckpt = trained
+    folder = write_images(tmp_path / "in")
+    big = os.path.join(folder, "big.png")
+    Image.new("L", (PREDICT_MAX_PIXELS // 4000 + 1, 4000)).save(big)
+    out = str(tmp_path / "out")
+    proc = run(script, "--predict", folder, "--resume", ckpt, "--output-dir", out)
+    assert_one_line_error(
+        proc, f"error: {big}: {PREDICT_MAX_PIXELS // 4000 + 1} x 4000 pixels, more than --predict "
+    )
+    assert not os.path.exists(out)
+
+
+def test_predict_on_a_full_disk_is_one_line_and_leaves_no_part_file(images, trained, tmp_path):
+    script, ckpt = trained
+    out = tmp_path / "out"
+    full = tmp_path / "full.py"  # DISK_FULL, opening /dev/full in binary mode where asked
+    full.write_text(
+        DISK_FULL.replace('"/dev/full", "w"', '"/dev/full", "wb" if "b" in mode else "w"')
+    )
+    proc = subprocess.run(
+        [sys.executable, str(full), os.path.join(HERE, script), "--predict", images,
+         "--resume", ckpt, "--output-dir", str(out)],
+        cwd=HERE, capture_output=True, text=True, timeout=600,
+        env={**CPU_ENV, "FULL_DIR": str(out)},
+    )  # fmt: skip
+    first = "predictions.csv" if script == "train_classify.py" else "g.png"
+    assert_one_line_error(
+        proc,
+        f"error: {out / first}: could not write it (No space left on device); the outputs "
+        "written before it are kept, none is half-written",
+    )
+    assert [f for _, _, names in os.walk(out) for f in names] == []

@@ -470,6 +470,41 @@ def test_an_object_replaced_by_one_of_the_same_size_is_found_changed(s3, sets):
     assert data_sources.find_changed(pipe) == f"{url}/b/0.png"
 
 
+def test_error_an_object_replaced_mid_run_by_one_of_the_same_size_stops_before_its_epoch_is_saved(
+    s3, sets, tmp_path
+):
+    """DALI reads the new bytes without a word; the main process lists the store again at each
+    epoch's end, before the checkpoint, and stops on the object's new ETag."""
+    local = sets["folder"][0]
+    url = upload(s3.client, local, "folder-replaced-mid-run")
+    with open(os.path.join(local, "train", "b", "1.png"), "rb") as f:
+        other = f.read()
+    assert len(other) == os.path.getsize(os.path.join(local, "train", "b", "0.png"))
+    out = str(tmp_path / "o")
+    proc = subprocess.Popen(
+        [sys.executable, SCRIPT, "--data", url, *TINY, "--epochs", "3", "--output-dir", out],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=CPU_ENV,
+    )
+    deadline = time.time() + 300
+    while not (os.path.exists(os.path.join(out, "metrics.jsonl")) and records(out, "train")):
+        assert proc.poll() is None and time.time() < deadline, proc.stderr.read()
+        time.sleep(0.01)
+    s3.client.put_object(Bucket="bkt", Key="folder-replaced-mid-run/train/b/0.png", Body=other)
+    epochs_before = len(records(out, "epoch"))
+    _, stderr = proc.communicate(timeout=300)
+    assert_one_line_error(
+        SimpleNamespace(returncode=proc.returncode, stderr=stderr),
+        f"error: {url}/train/b/0.png: changed or gone since this run listed it (another size or "
+        "ETag); the data must stay as listed for the whole run",
+    )
+    # the epoch it changed in is not saved (one more where the change came after that check)
+    assert len(records(out, "epoch")) <= min(epochs_before + 1, 2)
+    assert not records(out, "end")
+
+
 def test_the_data_digest_follows_the_objects_not_their_prefix(s3, sets):
     local = os.path.join(sets["folder"][0], "val")
     a, b = (upload(s3.client, local, f"digest-{k}/val") for k in "ab")

@@ -193,10 +193,22 @@ import torchvision
 from torchvision.transforms import v2
 
 import training
-from data_sources import data_digest, decode_errors_named, isdir, plan_decoder_cache
-from outputs import atomic_open
+from data_sources import (
+    check_unchanged,
+    data_digest,
+    decode_errors_named,
+    isdir,
+    plan_decoder_cache,
+    watch,
+)
 from pipelines import ClassifyTrainPipeline, ClassifyValPipeline, classify_iterator
-from predict import checkpoint_to_predict, images_to_predict, load_to_predict, refuse_overwrite
+from predict import (
+    checkpoint_to_predict,
+    images_to_predict,
+    load_to_predict,
+    refuse_overwrite,
+    written,
+)
 from training import UsageError
 
 
@@ -340,7 +352,7 @@ def main(args):
     checkpoints = training.Checkpoints(
         log, state, loaders, args, world, best, decoder_cache=loaders.decoder_cache
     )
-    stop = training.StopSignals(world)  # from here SIGTERM, SIGINT, SIGUSR1 stop the run at a step
+    stop = training.StopSignals(world)  # from here SIGTERM, SIGUSR1 and the others stop the run
     step_log = training.StepLog(
         args, world, log, checkpoints, stop, loaders.steps, state["optimizer"]
     )
@@ -361,6 +373,8 @@ def main(args):
         metrics, line = validate(state, loaders, args, world.device, step_log)
         if args.progressive_resize:
             metrics["train_crop_size"] = train_crop_size(args, epoch)
+        if world.main:  # an s3:// object replaced under the run: stop before the epoch is saved
+            check_unchanged(loaders.watched)
         path = checkpoints.save(epoch, loaders.steps, score=metrics["val_top1"])
         log.epoch_end(epoch, loaders.steps, train_loss, metrics, line, time.perf_counter() - start)
         if signum := stop.agree()[0]:
@@ -380,7 +394,7 @@ def predict(args, world):
     first; the images transformed as validation's. Under torchrun each process predicts its share
     and the main one writes the file."""
     ckpt = checkpoint_to_predict(args, EVALUATE_AS_TRAINED)
-    files = images_to_predict(args)
+    files = images_to_predict(args, world, writes_images=False)  # a CSV file, no image
     path = os.path.join(args.output_dir, "predictions.csv")
     refuse_overwrite(args, [(path, args.predict)])
     classes = ckpt.get("classes") or [str(k) for k in range(args.num_classes or 1000)]
@@ -414,8 +428,7 @@ def predict(args, world):
         shares = [None] * world.size if world.main else None
         dist.gather_object(rows, shares, dst=0)
     if world.main:
-        os.makedirs(args.output_dir, exist_ok=True)
-        with atomic_open(path, "w") as f:
+        with written(path, "w") as f:
             writer = csv.writer(f, lineterminator="\n")
             writer.writerow(
                 ["path"] + [f"{c}{n}" for n in range(1, top_k + 1) for c in ("class", "prob")]
@@ -532,6 +545,7 @@ def build_loaders(args, world, ckpt, log):
     # what the run reads, for the checkpoints the main process writes; scoring one needs none
     on_main = world.main and not args.evaluate
     digest = data_digest(train_pipe.read.data_dir, train_pipe.files) if on_main else None
+    watched = [watch(p.read.data_dir, p.files) for p in (train_pipe, val_pipe)] if on_main else []
     if ckpt:
         training.check_resumable(
             ckpt, args, classes, train_pipe.num_samples, world.size, digest, train_pipe.graph
@@ -549,6 +563,7 @@ def build_loaders(args, world, ckpt, log):
         num_classes=train_pipe.num_classes,
         num_samples=train_pipe.num_samples,
         data_digest=digest,
+        watched=watched,
         decoder_cache=cache,
         graph=train_pipe.graph,
         val_batches=lambda: batches_on_device(val_loader, val_pipe, world.device),

@@ -185,6 +185,7 @@ from data_processing import eight_bits
 from data_sources import (
     DataError,
     check_segmentation_files,
+    check_unchanged,
     data_digest,
     decode_errors_named,
     first_gone,
@@ -192,6 +193,7 @@ from data_sources import (
     isdir,
     read_split,
     remote,
+    watch,
 )
 from outputs import atomic_open
 from pipelines import (
@@ -201,7 +203,13 @@ from pipelines import (
     predict_iterator,
     segment_iterator,
 )
-from predict import checkpoint_to_predict, images_to_predict, load_to_predict, refuse_overwrite
+from predict import (
+    checkpoint_to_predict,
+    images_to_predict,
+    load_to_predict,
+    refuse_overwrite,
+    written,
+)
 from training import UsageError
 
 
@@ -453,7 +461,7 @@ def main(args):
     checkpoints = training.Checkpoints(
         log, state, loaders, args, world, best, channels=loaders.channels
     )
-    stop = training.StopSignals(world)  # from here SIGTERM, SIGINT, SIGUSR1 stop the run at a step
+    stop = training.StopSignals(world)  # from here SIGTERM, SIGUSR1 and the others stop the run
     step_log = training.StepLog(
         args, world, log, checkpoints, stop, loaders.steps, state["optimizer"]
     )
@@ -469,6 +477,8 @@ def main(args):
         first_step, loss_sum = 0, 0.0
         training.sync_buffers(model_without_ddp, model_ema)
         metrics, line, first = validate(state, loaders, args, world.device, step_log)
+        if world.main:  # an s3:// object replaced under the run: stop before the epoch is saved
+            check_unchanged(loaders.watched)
         path = checkpoints.save(epoch, loaders.steps, score=metrics["val_dice"])
         if world.main:
             save_overlay(
@@ -536,7 +546,7 @@ def predict(args, world):
     beside it with the classes drawn over it under --output-dir/overlays/. Under torchrun each
     process predicts its share of the images."""
     ckpt = checkpoint_to_predict(args, EVALUATE_AS_TRAINED)
-    files = images_to_predict(args)
+    files = images_to_predict(args, world)
     masks, overlays = prediction_paths(args, files, ""), prediction_paths(args, files, "overlays")
     refuse_overwrite(args, zip(masks + overlays, files + files))
     channels = trained_channels(ckpt)
@@ -619,8 +629,7 @@ def save_prediction(mask_path, overlay_path, source, pred, colors):
     drawn = draw_segmentation_masks(image, pred.cpu() == shown, alpha=0.45, colors=colors[1:])
     overlay = Image.fromarray(torch.cat([image, drawn], dim=2).permute(1, 2, 0).numpy())
     for path, picture in ((mask_path, mask), (overlay_path, overlay)):
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with atomic_open(path) as f:
+        with written(path) as f:
             picture.save(f, format="png")
 
 
@@ -690,7 +699,8 @@ def build_loaders(args, world, ckpt, log):
     classes, num_samples = [str(k) for k in range(args.num_classes)], len(train_imgs)
     # what the run reads, for the checkpoints the main process writes; scoring one needs none
     train_files = train_imgs + train_lbls
-    digest = data_digest(args.data, train_files) if world.main and not args.evaluate else None
+    on_main = world.main and not args.evaluate
+    digest = data_digest(args.data, train_files) if on_main else None
     if ckpt:
         training.check_resumable(
             ckpt, args, classes, num_samples, world.size, digest, train_pipe.graph
@@ -704,6 +714,7 @@ def build_loaders(args, world, ckpt, log):
         channels=train_pipe.channels,
         num_samples=num_samples,
         data_digest=digest,
+        watched=[watch(args.data, train_files + val_imgs + val_lbls)] if on_main else [],
         train_files=train_files,
         graph=train_pipe.graph,
         val_batches=lambda: batches_on_device(val_loader, val_imgs + val_lbls, world.device),

@@ -8,7 +8,7 @@ train_segment.py.
     checkpoints             Checkpoints (atomic save), checkpoint_to_resume, check_resumable
                             (and check_same_graph), resume
     the loop's bookkeeping  StepLog: data wait, NaN checks, the windowed all-reduce, ETA, saves
-    stopping and exiting    StopSignals (SIGTERM, SIGINT, SIGUSR1), run_main
+    stopping and exiting    StopSignals (SIGTERM, SIGINT, SIGUSR1, SIGHUP, SIGUSR2), run_main
 
 What happens on SIGTERM reads here alone: StopSignals catches it; every process agrees on the step
 to stop at (StepLog.after_step); that step's checkpoint is saved (Checkpoints.save); the process
@@ -1113,16 +1113,20 @@ class StepLog:
 # ------------------------------------------------------------------------------------------
 
 
+# SIGTERM (SLURM's and Kubernetes' preemption), SIGINT (Ctrl-C), SIGUSR1 (SLURM's warning), and
+# SIGHUP (a closed terminal) and SIGUSR2 (a scheduler's or a user's), which launch.py passes on too.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGHUP, signal.SIGUSR2)
+
+
 class StopSignals:
-    """SIGTERM (SLURM's and Kubernetes' preemption), SIGINT (Ctrl-C) and SIGUSR1 (SLURM's warning)
-    stop the run at the next step; a second Ctrl-C at once. ``agree``, called by every process at
+    """The STOP_SIGNALS stop the run at the next step; a second Ctrl-C at once. ``agree``, called by every process at
     the same points, gives them all the largest signal any caught, over a gloo (CPU) group, sent at
     one step and read at the next: no step waits for it."""
 
     def __init__(self, world):
         self.signum, self.pending = 0, None
         self.group = dist.new_group(backend="gloo") if world.distributed else None
-        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
+        for signum in STOP_SIGNALS:
             signal.signal(signum, self.catch)
 
     def catch(self, signum, frame):
