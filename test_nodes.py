@@ -18,8 +18,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from data_processing import make_csv_file_npy
+from data_processing import make_csv_file_npy, make_demo_images
 from make_shards import make_shards
+from outputs import atomic_open
 from test_ddp import CPU_ENV, HERE, TINY_RUN
 
 N_TRAIN, N_VAL = 16, 9  # 8 training samples a node: whole batches of 4, none repeated to fill one
@@ -278,3 +279,33 @@ def test_two_nodes_prepare_the_segmentation_demo_at_once(tmp_path):
     assert (len(pngs), len(npys)) == (320, 320)
     assert not [p for p in glob.glob(str(demo / "**" / ".*"), recursive=True) if "partial" in p]
     assert sum(node.stdout.count("128 train and 32 val pairs") for node in nodes) == 1
+
+
+# Nodes in containers (a PyTorchJob's pods) each number their processes from 1: two nodes' local
+# rank 0 writing one shared folder at once may have one process id. Two writers in this process
+# stand for them.
+
+
+def test_two_writers_of_one_process_id_each_leave_a_whole_file(tmp_path):
+    index = tmp_path / "train-000000.tar.idx"
+    with atomic_open(index, "w") as first:
+        first.write("v1.2 2\n")
+        with atomic_open(index, "w") as second:  # the other node, as it indexes the same shard
+            second.write("v1.2 2\njpg 0 10 a.jpg\njpg 512 10 b.jpg\n")
+        first.write("jpg 0 10 a.jpg\njpg 512 10 b.jpg\n")
+    assert index.read_text() == "v1.2 2\njpg 0 10 a.jpg\njpg 512 10 b.jpg\n"
+    assert os.listdir(tmp_path) == [index.name]
+
+
+def test_a_demo_build_of_another_node_with_one_process_id_is_left_to_it(tmp_path):
+    root = tmp_path / "demo-classify"
+    other = tmp_path / f"demo-classify.tmp-{os.getpid()}"  # its build under way, in the same name
+    (other / "train" / "circle").mkdir(parents=True)
+    assert make_demo_images(str(root), train_per_class=2, val_per_class=1) == str(root)
+    assert [len(glob.glob(str(root / split / "*" / "*.jpg"))) for split in ("train", "val")] == [
+        12,
+        6,
+    ]
+    assert os.listdir(other) == ["train"] and sorted(os.listdir(tmp_path)) == sorted(
+        [root.name, other.name]
+    )
