@@ -75,10 +75,14 @@ def free_port():
         return s.getsockname()[1]
 
 
-def two_nodes(tmp_path, script, *flags, cwd):
+def two_nodes(tmp_path, script, *flags, cwd, pytorchjob=False):
     """Two torchrun launchers, as one per node: --nnodes 2, one process each, one c10d rendezvous
-    endpoint and id; the ranks are the rendezvous's to give. Each node's (returncode, stdout,
+    endpoint and id; the ranks are the rendezvous's to give. With ``pytorchjob``, launch.py with no
+    flags of torchrun's, in the environment a PyTorchJob gives each node's pod: torchrun's PET_
+    variables (its static rendezvous at node 0's address), and the job's own RANK, WORLD_SIZE and
+    MASTER_ADDR, which torchrun replaces for its workers. Each node's (returncode, stdout,
     stderr)."""
+    port = free_port()
     launcher = [
         sys.executable,
         "-m",
@@ -86,9 +90,16 @@ def two_nodes(tmp_path, script, *flags, cwd):
         "--nnodes=2",
         "--nproc-per-node=1",
         "--rdzv-backend=c10d",
-        f"--rdzv-endpoint=127.0.0.1:{free_port()}",
+        f"--rdzv-endpoint=127.0.0.1:{port}",
         f"--rdzv-id={tmp_path.name}",
     ]
+    envs = [CPU_ENV, CPU_ENV]
+    if pytorchjob:
+        launcher = [sys.executable, os.path.join(HERE, "launch.py")]
+        job = dict(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2")
+        job.update(PET_NNODES="2", PET_NPROC_PER_NODE="1", PET_MASTER_ADDR="127.0.0.1")
+        job.update(PET_MASTER_PORT=str(port))
+        envs = [{**CPU_ENV, **job, "RANK": str(n), "PET_NODE_RANK": str(n)} for n in range(2)]
     nodes = [
         subprocess.Popen(
             [*launcher, str(script), *flags],
@@ -96,9 +107,9 @@ def two_nodes(tmp_path, script, *flags, cwd):
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
-            env=CPU_ENV,
+            env=env,
         )
-        for _ in range(2)
+        for env in envs
     ]
     try:
         ended = [node.communicate(timeout=480) for node in nodes]
@@ -117,13 +128,13 @@ def assert_both_ended_well(nodes):
         assert "destroy_process_group" not in node.stderr  # shut down cleanly
 
 
-def spied(tmp_path, trainer, *flags):
-    """``trainer`` (train_classify.py or train_segment.py) on two nodes, spied on, with no
-    --output-dir: each process's run folder would be a new runs/<task>/expN under the shared
-    folder. The nodes, and each global rank's passes."""
+def spied(tmp_path, trainer, *flags, pytorchjob=False):
+    """``trainer`` (train_classify.py or train_segment.py) on two nodes (``two_nodes``), spied on,
+    with no --output-dir: each process's run folder would be a new runs/<task>/expN under the
+    shared folder. The nodes, and each global rank's passes."""
     spy = tmp_path / "spy.py"
     spy.write_text(SPY.format(here=HERE, out=str(tmp_path), script=os.path.join(HERE, trainer)))
-    nodes = two_nodes(tmp_path, spy, *flags, "--epochs", "1", cwd=tmp_path)
+    nodes = two_nodes(tmp_path, spy, *flags, "--epochs", "1", cwd=tmp_path, pytorchjob=pytorchjob)
     assert_both_ended_well(nodes)
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     return nodes, ranks
@@ -187,8 +198,9 @@ def test_classify_on_two_nodes_reads_each_sample_once(tmp_path, layout):
         assert not glob.glob(str(data / "*" / ".*"))  # no temporary file of either node left
 
 
-def test_segment_on_two_nodes_reads_each_pair_once(tmp_path):
-    """Pair k's mask has k + 1 foreground pixels: its id; 8 training pairs, 4 validation."""
+def test_segment_on_two_nodes_of_a_pytorchjob_reads_each_pair_once(tmp_path):
+    """Pair k's mask has k + 1 foreground pixels: its id; 8 training pairs, 4 validation. The nodes
+    are a PyTorchJob's: launch.py finds what torchrun needs in its environment."""
     root = tmp_path / "prepared"
     for k in range(12):
         for kind in ("Images", "Masks"):
@@ -205,7 +217,14 @@ def test_segment_on_two_nodes_reads_each_pair_once(tmp_path):
     assert (len(expected["train"]), len(expected["val"])) == (8, 4)
     flags = ["--size", "32", "--unet-width", "8", "--batch-size", "2", "--workers", "1"]
     nodes, ranks = spied(
-        tmp_path, "train_segment.py", "--data", str(root), *flags, "--dali-device", "cpu"
+        tmp_path,
+        "train_segment.py",
+        "--data",
+        str(root),
+        *flags,
+        "--dali-device",
+        "cpu",
+        pytorchjob=True,
     )
     assert_each_read_once(ranks, expected)
     assert_one_writer(tmp_path, nodes, "segment", "val_epoch001.png")  # its overlay
