@@ -65,6 +65,7 @@ import random
 import re
 import shutil
 import sys
+import tempfile
 from collections import defaultdict
 
 import flags
@@ -731,7 +732,10 @@ def make_demo_images(root, train_per_class=120, val_per_class=30, seed=0):
     build is never used; of two builds at once, the first rename wins and the other uses that set.
     """
     if not os.path.isdir(root):
-        tmp = f"{root}.tmp-{os.getpid()}"
+        # A folder of its own: two nodes building into one shared folder may run processes of one
+        # id, each in its own container.
+        os.makedirs(os.path.dirname(os.path.abspath(root)), exist_ok=True)
+        tmp = tempfile.mkdtemp(prefix=f"{os.path.basename(root)}.tmp-", dir=os.path.dirname(root))
         for s, (split, count) in enumerate((("train", train_per_class), ("val", val_per_class))):
             for k, name in enumerate(DEMO_CLASSES):
                 os.makedirs(os.path.join(tmp, split, name))

@@ -7,6 +7,7 @@ time, so that a terminal and a cluster log read the same.
 
 import contextlib
 import os
+import secrets
 import sys
 import time
 
@@ -46,7 +47,10 @@ def atomic_open(path, mode="wb"):
     the same folder, then a rename), so that a killed writer never leaves half a file behind that
     name."""
     folder, name = os.path.split(path)
-    tmp = os.path.join(folder, f".{name}.{os.getpid()}.partial")  # what atomic_temp_pattern matches
+    # The process id and a random part: two nodes writing one shared folder at once (each its
+    # copy of a shard index) may run processes of one id, each in its own container; the name is
+    # what atomic_temp_pattern matches.
+    tmp = os.path.join(folder, f".{name}.{os.getpid()}-{secrets.token_hex(4)}.partial")
     try:
         with open(tmp, mode) as f:
             yield f
@@ -58,5 +62,6 @@ def atomic_open(path, mode="wb"):
 
 def atomic_temp_pattern(name):
     """A regular expression of ``atomic_open``'s temporary names for the files that the expression
-    ``name`` matches: what a killed writer leaves behind."""
-    return rf"\.{name}\.\d+\.partial"
+    ``name`` matches: what a killed writer leaves behind (an older version's names had no random
+    part)."""
+    return rf"\.{name}\.\d+(-[0-9a-f]+)?\.partial"

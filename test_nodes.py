@@ -1,0 +1,330 @@
+"""Both trainers over two nodes, as torchrun runs them: two launchers of one process each, meeting at
+one c10d rendezvous endpoint, here on one machine, sharing tmp_path as nodes share a file system
+(on the CPU with gloo). Every node has a local rank 0: what each does once per node (the demo set,
+the shard indexes, the prepared segmentation data) must hold when both do it at once, the run
+folder and its log are the global rank 0's alone, and the epoch's samples are split by global rank,
+each read once across the nodes."""
+
+import glob
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from data_processing import make_csv_file_npy, make_demo_images
+from make_shards import make_shards
+from outputs import atomic_open
+from test_ddp import CPU_ENV, HERE, TINY_RUN
+
+N_TRAIN, N_VAL = 16, 9  # 8 training samples a node: whole batches of 4, none repeated to fill one
+
+# Runs the trainer named by {script}, unchanged; records the samples of each pass of each DALI
+# iterator of this process (training or validation), by an id that survives augmentation: a
+# classification image's red channel (each image is one solid colour), a segmentation mask's count
+# of foreground pixels (flips keep it; the data is at the trained size, so nothing is resized).
+SPY = """
+import atexit, json, os, runpy, sys
+sys.path.insert(0, {here!r})
+import torch
+from nvidia.dali.plugin.pytorch import DALIGenericIterator
+from pipelines import IMAGENET_MEAN, IMAGENET_STD, ClassifyTrainPipeline, SegmentTrainPipeline
+
+passes = {{"train": [[]], "val": [[]]}}
+mean, std = torch.tensor(IMAGENET_MEAN)[:, None, None], torch.tensor(IMAGENET_STD)[:, None, None]
+next_batch = DALIGenericIterator.__next__
+
+def sample_ids(batch):
+    if "mask" in batch:
+        return [int(mask.sum()) for mask in batch["mask"]]
+    return [int(round(float((im.float() * std + mean)[0].mean()))) for im in batch["data"]]
+
+def spy_next(self):
+    training = isinstance(self._pipes[0], (ClassifyTrainPipeline, SegmentTrainPipeline))
+    split = "train" if training else "val"
+    if getattr(self, "_first_batch", None) is not None:  # the batch it read when it was built
+        return next_batch(self)
+    try:
+        batch = next_batch(self)
+    except StopIteration:
+        passes[split].append([])  # the end of a pass
+        raise
+    passes[split][-1] += sample_ids(batch[0])
+    return batch
+
+@atexit.register
+def dump():
+    with open(os.path.join({out!r}, f"rank{{os.environ['RANK']}}.json"), "w") as f:
+        json.dump({{split: done[:-1] for split, done in passes.items()}}, f)
+
+DALIGenericIterator.__next__ = spy_next
+sys.argv = [{script!r}] + sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def two_nodes(tmp_path, script, *flags, cwd, pytorchjob=False):
+    """Two torchrun launchers, as one per node: --nnodes 2, one process each, one c10d rendezvous
+    endpoint and id; the ranks are the rendezvous's to give. With ``pytorchjob``, launch.py with no
+    flags of torchrun's, in the environment a PyTorchJob gives each node's pod: torchrun's PET_
+    variables (its static rendezvous at node 0's address), and the job's own RANK, WORLD_SIZE and
+    MASTER_ADDR, which torchrun replaces for its workers. Each node's (returncode, stdout,
+    stderr)."""
+    port = free_port()
+    launcher = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes=2",
+        "--nproc-per-node=1",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint=127.0.0.1:{port}",
+        f"--rdzv-id={tmp_path.name}",
+    ]
+    envs = [CPU_ENV, CPU_ENV]
+    if pytorchjob:
+        launcher = [sys.executable, os.path.join(HERE, "launch.py")]
+        job = dict(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2")
+        job.update(PET_NNODES="2", PET_NPROC_PER_NODE="1", PET_MASTER_ADDR="127.0.0.1")
+        job.update(PET_MASTER_PORT=str(port))
+        envs = [{**CPU_ENV, **job, "RANK": str(n), "PET_NODE_RANK": str(n)} for n in range(2)]
+    nodes = [
+        subprocess.Popen(
+            [*launcher, str(script), *flags],
+            cwd=cwd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        for env in envs
+    ]
+    try:
+        ended = [node.communicate(timeout=480) for node in nodes]
+    finally:
+        for node in nodes:
+            node.kill()
+    return [
+        SimpleNamespace(returncode=node.returncode, stdout=out, stderr=err)
+        for node, (out, err) in zip(nodes, ended)
+    ]
+
+
+def assert_both_ended_well(nodes):
+    for node in nodes:
+        assert node.returncode == 0, node.stderr[-3000:]
+        assert "destroy_process_group" not in node.stderr  # shut down cleanly
+
+
+def spied(tmp_path, trainer, *flags, pytorchjob=False):
+    """``trainer`` (train_classify.py or train_segment.py) on two nodes (``two_nodes``), spied on,
+    with no --output-dir: each process's run folder would be a new runs/<task>/expN under the
+    shared folder. The nodes, and each global rank's passes."""
+    spy = tmp_path / "spy.py"
+    spy.write_text(SPY.format(here=HERE, out=str(tmp_path), script=os.path.join(HERE, trainer)))
+    nodes = two_nodes(tmp_path, spy, *flags, "--epochs", "1", cwd=tmp_path, pytorchjob=pytorchjob)
+    assert_both_ended_well(nodes)
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    return nodes, ranks
+
+
+def assert_each_read_once(ranks, expected):
+    """Every pass of each split saw each sample exactly once across the two ranks, and the ranks
+    trained as many steps on halves of the same size."""
+    for split, passes in (("train", 1), ("val", 2)):  # validation: beside epoch 1, then after it
+        assert [len(rank[split]) for rank in ranks] == [passes, passes], split
+        for k in range(passes):
+            seen = [rank[split][k] for rank in ranks]
+            assert sorted(seen[0] + seen[1]) == sorted(expected[split]), (split, k, seen)
+    assert [len(rank["train"][0]) for rank in ranks] == [len(expected["train"]) // 2] * 2
+
+
+def assert_one_writer(tmp_path, nodes, task, *written):
+    """One run folder, one log, one set of checkpoints (and ``written``): the global rank 0's
+    alone."""
+    assert os.listdir(tmp_path / "runs" / task) == ["exp1"]
+    run = tmp_path / "runs" / task / "exp1"
+    files = [".lock", "best.pth", "checkpoint.pth", "metrics.jsonl", *written]
+    assert sorted(os.listdir(run)) == sorted(files)
+    with open(run / "metrics.jsonl") as f:
+        types = [r["type"] for r in map(json.loads, f)]
+    assert types.count("start") == types.count("epoch") == types.count("end") == 1, types
+    assert sum(node.stdout.count("done in") for node in nodes) == 1
+
+
+def make_classify_data(root):
+    """train/ and val/ of solid-colour PNGs in two classes; red channel 10 * (i + 1): the id."""
+    for split, n in (("train", N_TRAIN), ("val", N_VAL)):
+        for i in range(n):
+            os.makedirs(root / split / f"c{i % 2}", exist_ok=True)
+            Image.fromarray(np.full((48, 56, 3), (10 * (i + 1), 90, 160), np.uint8)).save(
+                root / split / f"c{i % 2}" / f"{i}.png"
+            )
+
+
+@pytest.mark.parametrize("layout", ["folder", "tfrecord", "wds"])
+def test_classify_on_two_nodes_reads_each_sample_once(tmp_path, layout):
+    make_classify_data(tmp_path / "png")
+    data = tmp_path / "png"
+    if layout != "folder":
+        data = tmp_path / layout
+        make_shards(str(tmp_path / "png"), str(data), layout, 4, 0)
+        for index in glob.glob(str(data / "*" / "*.idx*")):  # both nodes index the shards at once
+            os.remove(index)
+    nodes, ranks = spied(tmp_path, "train_classify.py", "--data", str(data), *TINY_RUN)
+    expected = {
+        split: [10 * (i + 1) for i in range(n)] for split, n in (("train", N_TRAIN), ("val", N_VAL))
+    }
+    assert_each_read_once(ranks, expected)
+    assert_one_writer(tmp_path, nodes, "classify")
+    if layout != "folder":
+        # each shard's index whole, once (7 shards of at most 4 samples), whichever node wrote it
+        for split, n in (("train", N_TRAIN), ("val", N_VAL)):
+            summaries = glob.glob(str(data / split / "*.idx.json"))
+            assert len(summaries) == len(glob.glob(str(data / split / "*.idx"))) == -(-n // 4)
+            assert sum(json.loads(open(f).read())["samples"] for f in summaries) == n
+        assert not glob.glob(str(data / "*" / ".*"))  # no temporary file of either node left
+
+
+def test_segment_on_two_nodes_of_a_pytorchjob_reads_each_pair_once(tmp_path):
+    """Pair k's mask has k + 1 foreground pixels: its id; 8 training pairs, 4 validation. The nodes
+    are a PyTorchJob's: launch.py finds what torchrun needs in its environment."""
+    root = tmp_path / "prepared"
+    for k in range(12):
+        for kind in ("Images", "Masks"):
+            os.makedirs(root / kind / "1", exist_ok=True)
+        mask = np.zeros((32 * 32, 1), np.uint8)
+        mask[: k + 1] = 1
+        np.save(root / "Masks" / "1" / f"{k}.npy", mask.reshape(32, 32, 1))
+        np.save(root / "Images" / "1" / f"{k}.npy", np.full((32, 32, 3), 20 * k, np.uint8))
+    make_csv_file_npy(str(root), valid_fraction=1 / 3, seed=0)
+    expected = {}
+    for split, csv in (("train", "train"), ("val", "valid")):
+        rows = (root / "csv_file" / f"{csv}.csv").read_text().splitlines()[1:]
+        expected[split] = [int(row.split(",")[2].split("/")[-1][:-4]) + 1 for row in rows]
+    assert (len(expected["train"]), len(expected["val"])) == (8, 4)
+    flags = ["--size", "32", "--unet-width", "8", "--batch-size", "2", "--workers", "1"]
+    nodes, ranks = spied(
+        tmp_path,
+        "train_segment.py",
+        "--data",
+        str(root),
+        *flags,
+        "--dali-device",
+        "cpu",
+        pytorchjob=True,
+    )
+    assert_each_read_once(ranks, expected)
+    assert_one_writer(tmp_path, nodes, "segment", "val_epoch001.png")  # its overlay
+
+
+def checkout(tmp_path):
+    """A copy of the scripts in the shared folder, as nodes run one checkout: its .cache/ (where
+    --data demo is built) starts empty."""
+    repo = tmp_path / "checkout"
+    repo.mkdir()
+    for script in glob.glob(os.path.join(HERE, "*.py")):
+        if not os.path.basename(script).startswith(("test_", "conftest")):
+            shutil.copy(script, repo)
+    return repo
+
+
+def test_two_nodes_build_the_classification_demo_at_once(tmp_path):
+    repo = checkout(tmp_path)
+    flags = ["--train-crop-size", "32", "--val-crop-size", "32", "--val-resize-size", "32"]
+    nodes = two_nodes(
+        tmp_path,
+        repo / "train_classify.py",
+        "--data",
+        "demo",
+        *flags,
+        "--epochs",
+        "1",
+        "--dali-device",
+        "cpu",
+        "--workers",
+        "1",
+        "--output-dir",
+        str(tmp_path / "out"),
+        cwd=repo,
+    )
+    assert_both_ended_well(nodes)
+    assert os.listdir(repo / ".cache") == ["demo-classify-v2"]  # no other build's folder left
+    demo = repo / ".cache" / "demo-classify-v2"
+    counts = {
+        split: len(glob.glob(str(demo / split / "*" / "*.jpg"))) for split in ("train", "val")
+    }
+    assert counts == {"train": 720, "val": 180}
+    assert sum(node.stdout.count("720 train and 180 val samples") for node in nodes) == 1
+
+
+def test_two_nodes_prepare_the_segmentation_demo_at_once(tmp_path):
+    repo = checkout(tmp_path)
+    nodes = two_nodes(
+        tmp_path,
+        repo / "train_segment.py",
+        "--data",
+        "demo",
+        "--size",
+        "32",
+        "--unet-width",
+        "8",
+        "--epochs",
+        "1",
+        "--dali-device",
+        "cpu",
+        "--workers",
+        "1",
+        "--output-dir",
+        str(tmp_path / "out"),
+        cwd=repo,
+    )
+    assert_both_ended_well(nodes)
+    demo = repo / ".cache" / "demo-segment-v1"
+    pngs = glob.glob(str(demo / "*" / "*" / "*.png"))
+    npys = glob.glob(str(demo / "npy" / "*" / "*" / "*.npy"))
+    assert (len(pngs), len(npys)) == (320, 320)
+    assert not [p for p in glob.glob(str(demo / "**" / ".*"), recursive=True) if "partial" in p]
+    assert sum(node.stdout.count("128 train and 32 val pairs") for node in nodes) == 1
+
+
+# Nodes in containers (a PyTorchJob's pods) each number their processes from 1: two nodes' local
+# rank 0 writing one shared folder at once may have one process id. Two writers in this process
+# stand for them.
+
+
+def test_two_writers_of_one_process_id_each_leave_a_whole_file(tmp_path):
+    index = tmp_path / "train-000000.tar.idx"
+    with atomic_open(index, "w") as first:
+        first.write("v1.2 2\n")
+        with atomic_open(index, "w") as second:  # the other node, as it indexes the same shard
+            second.write("v1.2 2\njpg 0 10 a.jpg\njpg 512 10 b.jpg\n")
+        first.write("jpg 0 10 a.jpg\njpg 512 10 b.jpg\n")
+    assert index.read_text() == "v1.2 2\njpg 0 10 a.jpg\njpg 512 10 b.jpg\n"
+    assert os.listdir(tmp_path) == [index.name]
+
+
+def test_a_demo_build_of_another_node_with_one_process_id_is_left_to_it(tmp_path):
+    root = tmp_path / "demo-classify"
+    other = tmp_path / f"demo-classify.tmp-{os.getpid()}"  # its build under way, in the same name
+    (other / "train" / "circle").mkdir(parents=True)
+    assert make_demo_images(str(root), train_per_class=2, val_per_class=1) == str(root)
+    assert [len(glob.glob(str(root / split / "*" / "*.jpg"))) for split in ("train", "val")] == [
+        12,
+        6,
+    ]
+    assert os.listdir(other) == ["train"] and sorted(os.listdir(tmp_path)) == sorted(
+        [root.name, other.name]
+    )
