@@ -416,12 +416,20 @@ def test_error_a_shard_rewritten_since_its_index(s3, sets, tmp_path):
     assert not os.path.exists(os.path.join(out, "metrics.jsonl"))
 
 
-def test_error_a_shard_truncated_mid_run(s3, sets, tmp_path):
-    """Cut short while the run trains, after it checked the shard: DALI's read fails; the line names the shard."""
-    url = upload(s3.client, sets["tfrecord"][0], "tfrecord-truncated")
-    out = str(tmp_path / "o")
+def started_training(url, out, epochs):
+    """The trainer on ``url``, in the background, once it has logged a training step."""
     proc = subprocess.Popen(
-        [sys.executable, SCRIPT, "--data", url, *TINY, "--epochs", "2", "--output-dir", out],
+        [
+            sys.executable,
+            SCRIPT,
+            "--data",
+            url,
+            *TINY,
+            "--epochs",
+            str(epochs),
+            "--output-dir",
+            out,
+        ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
@@ -431,6 +439,14 @@ def test_error_a_shard_truncated_mid_run(s3, sets, tmp_path):
     while not (os.path.exists(os.path.join(out, "metrics.jsonl")) and records(out, "train")):
         assert proc.poll() is None and time.time() < deadline, proc.stderr.read()
         time.sleep(0.01)
+    return proc
+
+
+def test_error_a_shard_truncated_mid_run(s3, sets, tmp_path):
+    """Cut short while the run trains, after it checked the shard: DALI's read fails; the line names the shard."""
+    url = upload(s3.client, sets["tfrecord"][0], "tfrecord-truncated")
+    out = str(tmp_path / "o")
+    proc = started_training(url, out, epochs=2)
     with open(os.path.join(sets["tfrecord"][0], "train", "train-00001-of-00005"), "rb") as f:
         s3.client.put_object(
             Bucket="bkt", Key="tfrecord-truncated/train/train-00001-of-00005", Body=f.read(300)
@@ -481,17 +497,7 @@ def test_error_an_object_replaced_mid_run_by_one_of_the_same_size_stops_before_i
         other = f.read()
     assert len(other) == os.path.getsize(os.path.join(local, "train", "b", "0.png"))
     out = str(tmp_path / "o")
-    proc = subprocess.Popen(
-        [sys.executable, SCRIPT, "--data", url, *TINY, "--epochs", "3", "--output-dir", out],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=CPU_ENV,
-    )
-    deadline = time.time() + 300
-    while not (os.path.exists(os.path.join(out, "metrics.jsonl")) and records(out, "train")):
-        assert proc.poll() is None and time.time() < deadline, proc.stderr.read()
-        time.sleep(0.01)
+    proc = started_training(url, out, epochs=3)
     s3.client.put_object(Bucket="bkt", Key="folder-replaced-mid-run/train/b/0.png", Body=other)
     epochs_before = len(records(out, "epoch"))
     _, stderr = proc.communicate(timeout=300)
