@@ -469,7 +469,7 @@ class RunLog:
 def open_run(args, world, ckpt, runs_dir):
     """The run's log, in its folder: --output-dir, --resume's folder, or a new ``runs_dir``/expN,
     made and locked by the main process (none when only evaluating without --output-dir)."""
-    out = None
+    out, keep = None, None
     if world.main and (args.output_dir or not args.evaluate):
         out = args.output_dir or (
             os.path.dirname(os.path.abspath(args.resume)) if args.resume else None
