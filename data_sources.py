@@ -49,9 +49,9 @@ SHUFFLE_BUFFER = 4096
 # same files.
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 # The first bytes of the image types that DALI's decoders read: those of IMG_EXTENSIONS, and JPEG
-# 2000, which DALI decodes whatever a file's name (WebP: "RIFF", a size, "WEBP"). DALI 2.4 can kill
-# the process (SIGSEGV) when a file that is none of them fails to decode in a pipeline's first batch,
-# before it could name the file; so a folder's files are checked for these first.
+# 2000, which DALI decodes whatever a file's name (WebP: "RIFF", a size, "WEBP"). DALI 2.4 can
+# kill the process (SIGSEGV) when a file that is none of them fails to decode in a pipeline's
+# first batch, before it could name the file; so a folder's files are checked for these first.
 IMAGE_MAGIC = (
     b"\xff\xd8\xff",  # JPEG
     b"\x89PNG\r\n\x1a\n",

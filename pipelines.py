@@ -173,7 +173,8 @@ class _ClassifyPipeline(Pipeline):
         return images
 
     def imagenet_normalize(self, dtype, **crop):
-        """CropMirrorNormalize with ImageNet's mean and std, into ``dtype`` and ``output_layout``."""
+        """CropMirrorNormalize with ImageNet's mean and std, into ``dtype`` and the pipeline's
+        ``output_layout``."""
         return ops.CropMirrorNormalize(
             device=self.device,
             dtype=dtype,

@@ -1119,9 +1119,9 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGHUP, si
 
 
 class StopSignals:
-    """The STOP_SIGNALS stop the run at the next step; a second Ctrl-C at once. ``agree``, called by every process at
-    the same points, gives them all the largest signal any caught, over a gloo (CPU) group, sent at
-    one step and read at the next: no step waits for it."""
+    """The STOP_SIGNALS stop the run at the next step; a second Ctrl-C at once. ``agree``, called
+    by every process at the same points, gives them all the largest signal any caught, over a gloo
+    (CPU) group, sent at one step and read at the next: no step waits for it."""
 
     def __init__(self, world):
         self.signum, self.pending = 0, None
