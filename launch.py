@@ -7,7 +7,8 @@ It takes torchrun's own flags. Plain torchrun dies at once on SIGUSR1 (SLURM's -
 leaving its workers to train on, and after a SIGTERM it exits 1 with a traceback. Here SIGUSR1 and
 SIGUSR2 are passed on as SIGTERM and SIGHUP are, each worker saves its stop checkpoint
 (training.StopSignals), and the exit status is 128 + the signal, which a batch script can requeue
-on.
+on. A stop signal sent to one worker ends the job the same way, not restarted by --max-restarts:
+the workers tell their launcher (training.StopSignals.tell_agent).
 """
 
 import os

@@ -467,6 +467,98 @@ def test_torchrun_restarts_a_killed_worker_and_the_job_ends_as_an_uninterrupted_
     )
 
 
+def worker_pid(launcher, rank):
+    """The pid of the worker of ``rank`` that ``launcher`` (torchrun's agent) started, or None."""
+    try:
+        with open(f"/proc/{launcher}/task/{launcher}/children") as f:
+            children = f.read().split()
+    except FileNotFoundError:
+        return None
+    for pid in children:
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if f"RANK={rank}".encode() in f.read().split(b"\0"):
+                    return int(pid)
+        except FileNotFoundError:
+            pass
+    return None
+
+
+@pytest.mark.parametrize(
+    "launcher, status",
+    [("launch.py", 128 + signal.SIGTERM), ("torchrun", 1)],  # torchrun's own: 1, a traceback
+)
+def test_a_stop_signal_to_one_worker_under_max_restarts_stops_the_job(tmp_path, launcher, status):
+    """SIGTERM to one worker (rank 1, which saves nothing itself) under --max-restarts stops the
+    job as one to the launcher does: one checkpoint of both ranks at the stop's step, no restart
+    trained on, the launcher's status a batch script requeues on, and the same command resumes."""
+    for split, n in (("train", 160), ("val", 8)):
+        for i in range(n):
+            os.makedirs(tmp_path / "data" / split / f"c{i % 2}", exist_ok=True)
+            Image.fromarray(np.full((64, 80, 3), (i % 250, 90, 160), np.uint8)).save(
+                tmp_path / "data" / split / f"c{i % 2}" / f"{i}.png"
+            )
+    out = tmp_path / "out"
+    start = {
+        "launch.py": [sys.executable, os.path.join(HERE, "launch.py")],
+        "torchrun": [sys.executable, "-m", "torch.distributed.run"],
+    }[launcher]
+    cmd = [
+        *start,
+        "--standalone",
+        "--nproc_per_node=2",
+        "--max-restarts=2",
+        os.path.join(HERE, "train_classify.py"),
+        "--data",
+        str(tmp_path / "data"),
+        *TINY_RUN,
+        "--epochs",
+        "1",
+        "--resume",
+        "auto",
+        "--output-dir",
+        str(out),
+    ]
+    proc = subprocess.Popen(
+        cmd, cwd=HERE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=CPU_ENV
+    )
+    metrics = out / "metrics.jsonl"
+    deadline = time.time() + 300
+    while not (
+        metrics.exists()
+        and sum(json.loads(r)["type"] == "train" for r in metrics.read_text().splitlines()) >= 2
+    ):
+        assert proc.poll() is None and time.time() < deadline, proc.stderr.read()[-3000:]
+        time.sleep(0.01)
+    os.kill(worker_pid(proc.pid, 1), signal.SIGTERM)
+    stderr = proc.communicate(timeout=300)[1]
+    assert proc.returncode == status, stderr[-3000:]
+    assert stderr.count("stopped by SIGTERM at epoch 1 step") == 1, stderr[-3000:]
+    ckpt = torch.load(out / "checkpoint.pth", weights_only=True)
+    assert ckpt["world_size"] == 2 and len(ckpt["dali"]) == len(ckpt["loss_sum"]) == 2
+    assert 2 <= ckpt["step"] < 20  # 80 samples a rank, batch 4
+    with open(metrics) as f:
+        records = list(map(json.loads, f))
+    # nothing after the stop: no restart resumed and trained on
+    assert not [r for r in records if r["type"] == "resume"]
+    assert {k: v for k, v in records[-1].items() if k != "time"} == {
+        "type": "checkpoint",
+        "epoch": 1,
+        "step": ckpt["step"],
+        "global_step": ckpt["step"],
+    }
+    resumed = subprocess.run(
+        cmd, cwd=HERE, capture_output=True, text=True, timeout=600, env=CPU_ENV
+    )
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    with open(metrics) as f:
+        records = list(map(json.loads, f))
+    assert [(r["epoch"], r["step"]) for r in records if r["type"] == "resume"] == [
+        (1, ckpt["step"])
+    ]
+    assert [r["global_step"] for r in records if r["type"] == "train"] == list(range(1, 21))
+
+
 # Runs train_classify.py, unchanged, with rank 0 sending SIGTERM to the launcher (which passes it
 # on to both ranks) as the first epoch's validation begins.
 STOP_IN_VALIDATION = """

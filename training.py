@@ -1047,7 +1047,7 @@ class StepLog:
         if step < self.steps and (signum or every and step % every == 0):
             path = self.checkpoints.save(self.epoch_no, step, self.loss_sum.item())
             if signum:
-                StopSignals.exit(signum, path, self.epoch_no, step)
+                self.stop.exit(signum, path, self.epoch_no, step)
 
     def stoppable(self, batches):
         """Validation's ``batches``, ended by a stop signal as training's steps are: a full pass can
@@ -1058,7 +1058,7 @@ class StepLog:
             signum = self.stop.agree()[0] if self.stop else 0
             if signum:
                 path = self.checkpoints.save(self.epoch_no, self.steps, self.loss_sum.item())
-                StopSignals.exit(signum, path, self.epoch_no, self.steps, " in validation")
+                self.stop.exit(signum, path, self.epoch_no, self.steps, " in validation")
 
     def write_line(self, step):
         # a sync point: the window's CUDA events have happened
@@ -1147,9 +1147,9 @@ class StopSignals:
         )
         return agreed[0], bool(agreed[1])
 
-    @staticmethod
-    def exit(signum, path, epoch, step, where=""):
-        """After the stop's checkpoint: one line, and the exit status of the signal's end."""
+    def exit(self, signum, path, epoch, step, where=""):
+        """After the stop's checkpoint: one line, torchrun's agent told (tell_agent), and the exit
+        status of the signal's end."""
         if path:  # the main process's
             print(
                 f"stopped by {signal.Signals(signum).name} at epoch {epoch} step {step}{where}: "
@@ -1157,7 +1157,32 @@ class StopSignals:
                 file=sys.stderr,
                 flush=True,
             )
+        if self.group is not None and "TORCHELASTIC_RUN_ID" in os.environ:
+            self.tell_agent(signum)
         sys.exit(128 + signum)
+
+    def tell_agent(self, signum):
+        """A stop signal sent to some workers only (``kill`` of one pid) reads to their torchrun
+        agent as failed workers, which --max-restarts restarts: the stop undone. So an agent that
+        did not pass the signal on gets it from its first worker, and stops the job as at a signal
+        of its own: launch.py exits 128 + the signal, plain torchrun 1. An agent that passed it on
+        sent it to all its workers at once, and is not told again; one with a single worker cannot
+        be told apart, and a second signal to an agent already stopping only repeats the stop."""
+        for other in STOP_SIGNALS:  # the stop is saved: a signal from here on changes nothing
+            signal.signal(other, signal.SIG_IGN)
+        node = int(os.environ["GROUP_RANK"])
+        mine = torch.tensor([node, int(self.signum != 0)])
+        everyone = [torch.zeros_like(mine) for _ in range(dist.get_world_size(self.group))]
+        dist.all_gather(everyone, mine, group=self.group)
+        caught = [bool(c) for n, c in everyone if n == node]
+        if os.environ["LOCAL_RANK"] == "0" and (len(caught) == 1 or not all(caught)):
+            # the agent handles the signals listed here (its --signals-to-handle); any other
+            # would end it at once, leaving its workers unwatched
+            handled = os.environ.get("TORCHELASTIC_SIGNALS_TO_HANDLE", "SIGTERM").split(",")
+            name = signal.Signals(signum).name
+            os.kill(os.getppid(), signum if name in map(str.strip, handled) else signal.SIGTERM)
+        # no worker ends before its agent is told: an ended worker is one to restart
+        dist.barrier(group=self.group)
 
 
 def run_main(main, args):
