@@ -22,7 +22,7 @@ PY
 for i in 1 2; do
   python3 train_classify.py --data /tmp/bad -b 32 --epochs 1 --output-dir /tmp/o$i > /dev/null 2> /tmp/e$i
   echo "train run $i: exit $? | $(tail -n 1 /tmp/e$i | cut -c1-220)"
-  python3 train_classify.py --predict /tmp/pred --weights /tmp/r18.pth --num-classes 3 \
+  python3 train_classify.py --predict /tmp/pred --weights /tmp/r18.pth --arch resnet18 --num-classes 3 \
     --output-dir /tmp/p$i > /dev/null 2> /tmp/f$i
   echo "predict run $i: exit $? | $(tail -n 1 /tmp/f$i | cut -c1-220)"
 done 2>&1 | tee $OUT/badfile.log
