@@ -11,7 +11,8 @@ One run, on the same files, same batch size, DataLoader workers = threads of the
      NVIDIA's PyTorch ResNet-50 example, the peer (``nvidia-example``);
   2. segmentation loaders: ``SegmentTrainPipeline`` (GPU and CPU-only) against a torch ``Dataset`` +
      ``DataLoader`` doing the same augmentations on the CPU;
-  3. end to end (GPU only): training steps of torchvision ResNets fed by each classification loader,
+  3. end to end (GPU only): training steps of torchvision ResNets (compiled, as the trainers on a
+     GPU; --no-compile: eager) fed by each classification loader,
      beside a synthetic batch already on the GPU (the ceiling), with the share of each step spent
      waiting for data;
   4. with ``--sweep`` (GPU only): the mixed-decode loader over hw_decoder_load x DALI threads;
@@ -223,6 +224,13 @@ def parse_args(argv=None):
         help="share of JPEG decoding on the GPU's hardware decoder, for the mixed-decode "
         "pipelines (default: pipelines.py's DEFAULT_HW_DECODER_LOAD, with the decoder cache its "
         "CACHED_HW_DECODER_LOAD)",
+    )
+    p.add_argument(
+        "--compile",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="torch.compile the models of the end-to-end and --ddp rows, as the trainers do on a "
+        "GPU: the ceiling is the compiled model's rate (default: on; --no-compile: eager)",
     )
     p.add_argument(
         "--prefetch-queue-depth",
@@ -1204,6 +1212,7 @@ def ddp_rows(args, rank, local_rank, world):
                     model = torch.nn.parallel.DistributedDataParallel(
                         model, device_ids=[local_rank]
                     )
+                model = torch.compile(model) if args.compile else model
                 row = time_training(model_name, model, optimizer, name, make, args)
                 if gpus > 1:  # every process trained its own share: the job's rate is their sum
                     total = torch.tensor([row["img_per_s"], row["data_wait_pct"]], device="cuda")
@@ -1323,6 +1332,7 @@ def meta(args):
             hw_decoder_load=args.hw_decoder_load,
             prefetch_queue_depth=args.prefetch_queue_depth,
             models=args.models,
+            compile=args.compile,
             quick=args.quick,
             # CPU-only pipelines run independent operators at once only with it (pipelines.cpu_concurrency)
             dali_new_thread_pool=os.environ.get("DALI_USE_NEW_THREAD_POOL") == "1",
@@ -1411,9 +1421,10 @@ def report_lines(report):
         LOADER_COLUMNS,
     )
     if report["end_to_end"]:
+        how = "compiled" if report["meta"]["settings"].get("compile") else "eager"
         lines += table(
-            "end to end: training img/s (bf16, channels_last, SGD) and the share of each step spent "
-            "waiting for data",
+            f"end to end: training img/s ({how}, bf16, channels_last, SGD) and the share of each "
+            "step spent waiting for data",
             report["end_to_end"],
             [("model", "model", "")] + LOADER_COLUMNS[:4],
         )
@@ -1529,6 +1540,9 @@ def end_to_end(args, loaders, report):
         model = getattr(torchvision.models, model_name)(weights=None, num_classes=1000)
         model = model.cuda().to(memory_format=torch.channels_last)
         optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+        model = (
+            torch.compile(model) if args.compile else model
+        )  # compiled in the first warm-up step
         # the GPU loaders only: CPU-only DALI and the DataLoader fall far short of these models (README)
         for name, make in [("synthetic", synthetic_classify)] + [
             loader
