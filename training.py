@@ -95,6 +95,8 @@ def setup_distributed(args):
     if args.amp == "default":  # bare --amp: torch's default for the device
         args.amp = "fp16" if cuda else "bf16"
     args.dali_device = args.dali_device or ("gpu" if cuda else "cpu")
+    if args.compile is None:  # a GPU run's model is compiled; a CPU run starts at once
+        args.compile = cuda or "compile_mode" in args.given
     if args.dali_device == "gpu" and not cuda:
         raise UsageError("--dali-device gpu: no CUDA device is visible; use --dali-device cpu")
     if args.sync_bn and not cuda and not args.evaluate:
@@ -268,15 +270,7 @@ def prepare_model(model, args, world, steps_per_epoch, log):
         device_ids = [world.local_rank] if world.device.type == "cuda" else None
         model = torch.nn.parallel.DistributedDataParallel(model, device_ids=device_ids)
     if args.model_ema:
-        # torchvision's recipe: the decay is set for a reference of 1024 images per EMA update.
-        images_per_update = world.size * args.batch_size * args.model_ema_steps
-        alpha = min(1.0, (1.0 - args.model_ema_decay) * images_per_update / args.epochs)
-        model_ema = torch.optim.swa_utils.AveragedModel(
-            model_without_ddp,
-            device=world.device,
-            use_buffers=True,
-            multi_avg_fn=torch.optim.swa_utils.get_ema_multi_avg_fn(1.0 - alpha),
-        )
+        model_ema = make_model_ema(model_without_ddp, args, world)
     if world.cpu_threads:
         log(*world.cpu_threads)
     lr, lr_from = learning_rate(args, args.batch_size * world.size)
@@ -288,12 +282,14 @@ def prepare_model(model, args, world, steps_per_epoch, log):
     optimizer = make_optimizer(model_without_ddp, args, lr)
     # fp16 gradients underflow without loss scaling; bf16 has fp32's range and needs none.
     scaler = torch.amp.GradScaler(world.device.type, enabled=args.amp == "fp16")
+    compiled = args.compile and not args.evaluate  # --evaluate scores the plain model
+    how = f"compiled ({args.compile_mode} mode)" if compiled else "not compiled"
     log(
-        {"type": "config", "lr": lr, "args": vars(args)},
+        {"type": "config", "lr": lr, "compiled": compiled, "args": vars(args)},
         f"{args.arch}: world size {world.size}, batch {args.batch_size} per process, global batch "
         f"{args.batch_size * world.size}, {steps_per_epoch} steps per epoch, lr {lr:.6g} "
         f"({lr_from}), {args.opt}, {args.lr_scheduler} schedule, model on {world.device}, DALI on "
-        f"{args.dali_device}",
+        f"{args.dali_device}, the model {how}",
     )
     state = {
         "model": model_without_ddp,
@@ -302,8 +298,22 @@ def prepare_model(model, args, world, steps_per_epoch, log):
         "scheduler": make_scheduler(optimizer, args, steps_per_epoch),
         "scaler": scaler,
     }
-    model = torch.compile(model) if args.compile else model
+    if compiled:  # the plain model stays what is saved and validated
+        model = torch.compile(model, mode=args.compile_mode)
     return model, state
+
+
+def make_model_ema(model, args, world):
+    """--model-ema: torchvision's recipe, its decay set for a reference of 1024 images per EMA
+    update."""
+    images_per_update = world.size * args.batch_size * args.model_ema_steps
+    alpha = min(1.0, (1.0 - args.model_ema_decay) * images_per_update / args.epochs)
+    return torch.optim.swa_utils.AveragedModel(
+        model,
+        device=world.device,
+        use_buffers=True,
+        multi_avg_fn=torch.optim.swa_utils.get_ema_multi_avg_fn(1.0 - alpha),
+    )
 
 
 def learning_rate(args, global_batch):
@@ -1020,6 +1030,7 @@ class StepLog:
         self.wait = DataWait(device)
         for self.step, batch in enumerate(batches, first_step + 1):
             self.wait.batch_arrived()
+            self.step_start = time.perf_counter()
             yield self.step, batch
             self.wait.step_done()
             self.after_step(self.step)
@@ -1035,8 +1046,7 @@ class StepLog:
 
     def after_step(self, step):
         if self.clock is None:
-            self.clock = time.perf_counter()
-            self.log.training_started()
+            self.first_step_done(step)
         self.done += 1
         overdue = time.perf_counter() - self.last_line >= LOG_EVERY
         # the same answer on every process: a stop signal, and whether a line is overdue
@@ -1048,6 +1058,33 @@ class StepLog:
             path = self.checkpoints.save(self.epoch_no, step, self.loss_sum.item())
             if signum:
                 StopSignals.exit(signum, path, self.epoch_no, step)
+
+    def first_step_done(self, step):
+        """The run's first step (a resumed one's too). A compiled model compiles in it: its seconds
+        are logged as a phase of their own and left out of the line's img/s; the ETA counts from
+        here."""
+        if self.args.compile:
+            if self.world.device.type == "cuda":
+                torch.cuda.synchronize(self.world.device)  # once: the step's kernels have run
+            seconds = time.perf_counter() - self.step_start
+            epoch, global_step = self.epoch_no, (self.epoch_no - 1) * self.steps + step
+            self.log(
+                {
+                    "type": "compile",
+                    "seconds": seconds,
+                    "mode": self.args.compile_mode,
+                    "epoch": epoch,
+                    "step": step,
+                    "global_step": global_step,
+                },
+                f"torch.compile ({self.args.compile_mode} mode): the first step took {seconds:.1f}s "
+                f"with the compile; the img/s and ETA leave it out",
+            )
+            # the window's rate starts after it; its loss keeps the step
+            self.window_start, self.window_images = time.perf_counter(), 0
+            self.wait.seconds()
+        self.clock = time.perf_counter()
+        self.log.training_started()
 
     def stoppable(self, batches):
         """Validation's ``batches``, ended by a stop signal as training's steps are: a full pass can
@@ -1077,7 +1114,7 @@ class StepLog:
             "global_step": (epoch - 1) * steps + step,
             "loss": loss_total / (self.window_steps * size),
             "lr": self.optimizer.param_groups[0]["lr"],
-            "img_s": images_total / elapsed,
+            "img_s": images_total / elapsed if images_total else None,  # None: the compile alone
             "data_wait": 100 * wait_total / (elapsed * size),
         }
         crop = ""
@@ -1085,10 +1122,11 @@ class StepLog:
             record["train_crop_size"], crop = self.crop_size, f"  crop {self.crop_size}"
         left = (steps - step) + (self.args.epochs - epoch) * steps  # the whole run's steps to go
         eta = datetime.timedelta(seconds=round((now - self.clock) / max(1, self.done - 1) * left))
+        rate = f"{record['img_s']:.1f}" if images_total else "-"
         self.log(
             record,
             f"Epoch: [{epoch}/{self.args.epochs}] [{step:>{len(str(steps))}}/{steps}]{crop}  "
-            f"loss {record['loss']:.4f}  lr {record['lr']:.5f}  img/s {record['img_s']:.1f}  "
+            f"loss {record['loss']:.4f}  lr {record['lr']:.5f}  img/s {rate}  "
             f"data-wait {record['data_wait']:.1f}%  eta {eta}",
         )
         self.new_window()
