@@ -305,6 +305,53 @@ def test_a_compiled_run_resumes_exactly_and_its_checkpoint_predicts_and_gives_we
     assert f"{n} of the model's {n} tensors loaded" in proc.stdout
 
 
+def test_each_process_memory_is_logged_at_start_up_and_every_epoch(tmp_path):
+    """Host memory in bytes, the GPU's None on the CPU; the lines in GB."""
+    root, out = tiny_imagefolder(str(tmp_path / "d")), str(tmp_path / "o")
+    proc = tiny_run(root, out, "--epochs", "2")
+    (start,) = records(out, "memory")
+    logged = [start["memory"]] + [e["memory"] for e in records(out, "epoch")]
+    assert len(logged) == 3
+    for (memory,) in logged:  # one process
+        assert memory["rank"] == 0 and memory["gpu_reserved_peak"] is memory["gpu_used"] is None
+        rss, peak = memory["host_rss"], memory["host_rss_peak"]
+        assert type(rss) is int and type(peak) is int and 10**8 < rss <= peak < 64 * 10**9
+    peaks = [memory["host_rss_peak"] for (memory,) in logged]
+    assert peaks == sorted(peaks)
+    rss, peak = (start["memory"][0][k] / 1e9 for k in ("host_rss", "host_rss_peak"))
+    assert f"memory at start-up: host {rss:.1f} GB (peak {peak:.1f} GB)\n" in proc.stdout
+    last = logged[-1][0]
+    assert proc.stdout.splitlines()[-2].endswith(
+        f"  memory host {last['host_rss'] / 1e9:.1f} GB (peak {last['host_rss_peak'] / 1e9:.1f} GB)"
+    )
+
+
+def test_memory_lines_give_the_largest_of_the_processes_in_gb():
+    gb = 10**9
+    memory = [
+        dict(
+            rank=0,
+            host_rss=3 * gb,
+            host_rss_peak=4 * gb,
+            gpu_reserved_peak=9_740_000_000,
+            gpu_used=12 * gb,
+        ),
+        dict(
+            rank=1,
+            host_rss=5_260_000_000,
+            host_rss_peak=5_300_000_000,
+            gpu_reserved_peak=9 * gb,
+            gpu_used=11 * gb,
+        ),
+    ]
+    assert training.describe_memory(memory) == (
+        "host 5.3 GB (peak 5.3 GB), GPU 9.7 GB (torch's peak reserve), 12.0 GB in use on the "
+        "device (the largest of 2 processes)"
+    )
+    cpu = [dict(rank=0, host_rss=None, host_rss_peak=None, gpu_reserved_peak=None, gpu_used=None)]
+    assert training.describe_memory(cpu) == "host unknown (peak unknown)"
+
+
 def test_evaluate_reproduces_last_logged_accuracy(demo_run, tmp_path):
     run(
         "--data",

@@ -298,6 +298,7 @@ def prepare_model(model, args, world, steps_per_epoch, log):
         "scheduler": make_scheduler(optimizer, args, steps_per_epoch),
         "scaler": scaler,
     }
+    log.memory("at start-up")  # the loaders' buffers and the model on its device
     if compiled:  # the plain model stays what is saved and validated
         model = torch.compile(model, mode=args.compile_mode)
     return model, state
@@ -406,6 +407,7 @@ class RunLog:
 
     def __init__(self, run_dir, world, tensorboard, keep=None):
         self.dir, self.main, self.started = run_dir, world.main, time.time()
+        self.world = world
         # the package is looked for now, with the other checks; its writer makes files, so later
         self.summary_writer = summary_writer() if tensorboard and run_dir else None
         self.writer, self.keep, self.held = None, keep, []
@@ -461,10 +463,21 @@ class RunLog:
 
     def epoch_end(self, epoch, steps, train_loss, metrics, line, took):
         """The epoch's line and record: its validation ``metrics`` (``line`` says them), its train
-        loss and time."""
+        loss and time, and each process's memory. Every process calls it: the memory is gathered."""
+        memory = every_process_memory(self.world)
         record = {"type": "epoch", "epoch": epoch, "train_loss": train_loss, **metrics}
-        record.update(epoch_time=took, step=steps, global_step=epoch * steps)
-        self(record, f"Epoch {epoch}: val {line}  train loss {train_loss:.4f}  time {took:.1f}s")
+        record.update(epoch_time=took, step=steps, global_step=epoch * steps, memory=memory)
+        self(
+            record,
+            f"Epoch {epoch}: val {line}  train loss {train_loss:.4f}  time {took:.1f}s  "
+            f"memory {describe_memory(memory)}",
+        )
+
+    def memory(self, when):
+        """Each process's memory, ``when`` (at start-up, say). Every process calls it: the memory
+        is gathered."""
+        memory = every_process_memory(self.world)
+        self({"type": "memory", "memory": memory}, f"memory {when}: {describe_memory(memory)}")
 
     def close(self, best_name, best):
         """The run's last line: its best score, where its checkpoints are, its time."""
@@ -474,6 +487,59 @@ class RunLog:
             {"type": "end", best_name: best},
             f"done in {took}: best {best_name} {best:.3f}, {where}",
         )
+
+
+def memory_use(device):
+    """This process's memory in bytes, None where it is not known: its host memory in use (RSS)
+    and the most it has held, from Linux's /proc/self/status; on CUDA, the most torch has reserved
+    and what the device has in use, by any process or library (DALI's memory too)."""
+    host = {}
+    with contextlib.suppress(OSError):
+        with open("/proc/self/status") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key in ("VmRSS", "VmHWM"):
+                    host[key] = int(value.split()[0]) * 1024  # in kB
+    gpu_reserved_peak = gpu_used = None
+    if device.type == "cuda":
+        free, total = torch.cuda.mem_get_info(device)
+        gpu_reserved_peak, gpu_used = torch.cuda.max_memory_reserved(device), total - free
+    return {
+        "host_rss": host.get("VmRSS"),
+        "host_rss_peak": host.get("VmHWM"),
+        "gpu_reserved_peak": gpu_reserved_peak,
+        "gpu_used": gpu_used,
+    }
+
+
+def every_process_memory(world):
+    """Each process's memory_use with its rank, in rank order, on the main process (the others get
+    None). A gather: every process calls it at the same point, and rarely (once an epoch)."""
+    mine = {"rank": world.rank, **memory_use(world.device)}
+    if not dist.is_initialized():
+        return [mine]
+    memory = [None] * world.size if world.main else None
+    dist.gather_object(mine, memory, dst=0)
+    return memory
+
+
+def describe_memory(memory):
+    """The log line's figures, in GB (10^9 bytes): each the largest over the processes, what a node
+    is planned by; metrics.jsonl has every process's, to the byte."""
+    if memory is None:  # a process other than the main one: it writes no line
+        return ""
+
+    def most(key):
+        known = [m[key] for m in memory if m[key] is not None]
+        return f"{max(known) / 1e9:.1f} GB" if known else "unknown"
+
+    line = f"host {most('host_rss')} (peak {most('host_rss_peak')})"
+    if any(m["gpu_used"] is not None for m in memory):
+        line += (
+            f", GPU {most('gpu_reserved_peak')} (torch's peak reserve), {most('gpu_used')} in use "
+            f"on the device"
+        )
+    return line if len(memory) == 1 else f"{line} (the largest of {len(memory)} processes)"
 
 
 def open_run(args, world, ckpt, runs_dir):
