@@ -202,7 +202,20 @@ def add_optimisation_flags(g):
         "(fp16 CUDA, bf16 CPU)",
     )
     g.add_argument("--channels-last", action="store_true", help="channels_last memory format")
-    g.add_argument("--compile", action="store_true", help="torch.compile the model")
+    g.add_argument(
+        "--compile",
+        action=argparse.BooleanOptionalAction,
+        help="torch.compile the training model (default: on where the model is on CUDA; off on the "
+        "CPU, so that CPU runs and the demo start at once)",
+    )
+    g.add_argument(
+        "--compile-mode",
+        choices=["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"],
+        default="default",
+        help="torch.compile's mode: reduce-overhead adds CUDA graphs, max-autotune searches "
+        "kernels (and adds CUDA graphs) for a longer compile; a mode given compiles the model on "
+        "the CPU too",
+    )
     g.add_argument(
         "--seed", type=int, default=0, help="seed of model init and of every random augmentation"
     )
@@ -301,6 +314,11 @@ def parse(parser, argv, demo_defaults):
     # One of the two says the rate, the other is None: a checkpoint's args say which it was.
     if "lr" in args.given:
         args.lr_base = None
+    if "compile_mode" in args.given and args.compile is False:
+        parser.error(
+            f"--compile-mode {args.compile_mode}: sets how the model is compiled, and --no-compile "
+            f"turns compiling off; pass one of the two"
+        )
     if args.batch_size < 2 and not (args.evaluate or args.predict):
         parser.error(
             "--batch-size must be at least 2 for training (BatchNorm needs more than one sample)"

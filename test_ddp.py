@@ -171,7 +171,13 @@ def test_two_processes_train_on_real_samples_and_validate_each_once(tmp_path):
         assert not set(ids[0]) & set(ids[1]), ids
         assert sorted(ids[0] + ids[1]) == [10 * (i + 1) for i in range(N_VAL)], ids
     with open(tmp_path / "out" / "metrics.jsonl") as f:
-        assert [r["epoch"] for r in map(json.loads, f) if r["type"] == "epoch"] == [1, 2]
+        epochs = [r for r in map(json.loads, f) if r["type"] == "epoch"]
+    assert [r["epoch"] for r in epochs] == [1, 2]
+    # each epoch's record holds every process's memory, gathered; its line the largest
+    for epoch in epochs:
+        assert [m["rank"] for m in epoch["memory"]] == [0, 1]
+        assert all(type(m["host_rss"]) is int and m["host_rss"] > 10**8 for m in epoch["memory"])
+    assert proc.stdout.count(" GB) (the largest of 2 processes)\n") == 3  # start-up, 2 epochs
 
 
 # Runs train_classify.py, unchanged, noting each shard that a process scans to build its index.

@@ -4,6 +4,7 @@ reference does; bad input gives one clear line and loses nothing. Where there is
 it."""
 
 import argparse
+import csv
 import fcntl
 import json
 import math
@@ -224,6 +225,131 @@ def test_compile_trains_as_eager_and_saves_the_plain_model(tmp_path):
     )
     (evaluation,) = records(str(tmp_path / "eval"), "eval")
     assert evaluation["val_top1"] == records(compiled, "epoch")[-1]["val_top1"]
+
+
+def test_compile_is_on_where_the_model_is_on_cuda_and_no_compile_turns_it_off(capsys):
+    """--compile and --no-compile say it; without either, a GPU run compiles and a CPU run does not
+    (a --compile-mode given compiles there too)."""
+    assert [parse(*f).compile for f in ([], ["--compile"], ["--no-compile"])] == [None, True, False]
+    assert parse().compile_mode == "default"
+    for flags, compiled in (
+        ([], False),
+        (["--compile"], True),
+        (["--compile-mode", "max-autotune"], True),
+    ):
+        args = train_classify.parse_args(["--data", "x", "--device", "cpu", *flags])
+        training.setup_distributed(args)
+        assert args.compile is compiled, flags
+    with pytest.raises(SystemExit) as e:
+        train_classify.parse_args(["--data", "x", "--no-compile", "--compile-mode", "default"])
+    assert e.value.code == 2 and capsys.readouterr().err == (
+        "error: --compile-mode default: sets how the model is compiled, and --no-compile turns "
+        "compiling off; pass one of the two\n"
+    )
+
+
+@gpu
+def test_a_gpu_run_compiles_by_default():
+    args = train_classify.parse_args(["--data", "x"])
+    training.setup_distributed(args)
+    assert args.compile is True
+
+
+def test_a_compiled_run_resumes_exactly_and_its_checkpoint_predicts_and_gives_weights(tmp_path):
+    """--compile with --model-ema: the compile is a phase of its own in the log, kept out of the
+    img/s; killed mid-epoch and resumed, the run ends as the uninterrupted one, its EMA too; its
+    checkpoint (the plain model's keys) predicts as the run validated, and starts a run with
+    --weights."""
+    root = tiny_imagefolder(str(tmp_path / "d"), per_class=12)
+    ema = ["--model-ema", "--model-ema-steps", "1", "--model-ema-decay", "0.9"]
+    flags = ["--data", root, *TINY, "--print-freq", "2", "--epochs", "2", "--checkpoint-every", "2"]
+    assert_resume_is_exact(SCRIPT, [*flags, "--compile", *ema], tmp_path)
+    whole, broken = str(tmp_path / "whole"), str(tmp_path / "broken")
+    assert records(whole, "config")[0]["compiled"] is True
+    (compiled,) = records(whole, "compile")
+    assert (compiled["epoch"], compiled["step"], compiled["mode"]) == (1, 1, "default")
+    assert compiled["seconds"] > 0
+    # the first line's window held the compile's step: its rate is that of the step after it
+    rates = [r["img_s"] for r in records(whole, "train")]
+    assert rates[0] > 0.5 * min(rates[1:]), rates
+    # the resumed process compiled again, at its first step
+    (resumed,) = records(broken, "resume")
+    steps = [(r["epoch"], r["step"]) for r in records(broken, "compile")]
+    assert steps == [(1, 1), (resumed["epoch"], resumed["step"] + 1)]
+    a, b = (
+        torch.load(os.path.join(out, "checkpoint.pth"), weights_only=True)
+        for out in (whole, broken)
+    )
+    assert a["model_ema"]["n_averaged"] == b["model_ema"]["n_averaged"] == 12
+    assert (
+        max(
+            (a["model_ema"][k].double() - b["model_ema"][k].double()).abs().max().item()
+            for k in a["model_ema"]
+        )
+        <= 1e-6
+    )
+
+    predicted = str(tmp_path / "predicted")
+    val = os.path.join(root, "val")
+    ckpt = os.path.join(whole, "checkpoint.pth")
+    run("--predict", val, "--resume", ckpt, "--output-dir", predicted)
+    with open(os.path.join(predicted, "predictions.csv"), newline="") as f:
+        rows = list(csv.DictReader(f))
+    right = sum(row["class1"] == row["path"].split(os.sep)[0] for row in rows)
+    assert len(rows) == 24
+    assert 100 * right / len(rows) == pytest.approx(
+        records(whole, "epoch")[-1]["val_top1"], abs=1e-9
+    )
+    n = len(a["model"])
+    proc = tiny_run(root, str(tmp_path / "weights"), "--weights", ckpt)
+    assert f"{n} of the model's {n} tensors loaded" in proc.stdout
+
+
+def test_each_process_memory_is_logged_at_start_up_and_every_epoch(tmp_path):
+    """Host memory in bytes, the GPU's None on the CPU; the lines in GB."""
+    root, out = tiny_imagefolder(str(tmp_path / "d")), str(tmp_path / "o")
+    proc = tiny_run(root, out, "--epochs", "2")
+    (start,) = records(out, "memory")
+    logged = [start["memory"]] + [e["memory"] for e in records(out, "epoch")]
+    assert len(logged) == 3
+    for (memory,) in logged:  # one process
+        assert memory["rank"] == 0 and memory["gpu_reserved_peak"] is memory["gpu_used"] is None
+        rss, peak = memory["host_rss"], memory["host_rss_peak"]
+        assert type(rss) is int and type(peak) is int and 10**8 < rss <= peak < 64 * 10**9
+    peaks = [memory["host_rss_peak"] for (memory,) in logged]
+    assert peaks == sorted(peaks)
+    rss, peak = (start["memory"][0][k] / 1e9 for k in ("host_rss", "host_rss_peak"))
+    assert f"memory at start-up: host {rss:.1f} GB (peak {peak:.1f} GB)\n" in proc.stdout
+    last = logged[-1][0]
+    assert proc.stdout.splitlines()[-2].endswith(
+        f"  memory host {last['host_rss'] / 1e9:.1f} GB (peak {last['host_rss_peak'] / 1e9:.1f} GB)"
+    )
+
+
+def test_memory_lines_give_the_largest_of_the_processes_in_gb():
+    gb = 10**9
+    memory = [
+        dict(
+            rank=0,
+            host_rss=3 * gb,
+            host_rss_peak=4 * gb,
+            gpu_reserved_peak=9_740_000_000,
+            gpu_used=12 * gb,
+        ),
+        dict(
+            rank=1,
+            host_rss=5_260_000_000,
+            host_rss_peak=5_300_000_000,
+            gpu_reserved_peak=9 * gb,
+            gpu_used=11 * gb,
+        ),
+    ]
+    assert training.describe_memory(memory) == (
+        "host 5.3 GB (peak 5.3 GB), GPU 9.7 GB (torch's peak reserve), 12.0 GB in use on the "
+        "device (the largest of 2 processes)"
+    )
+    cpu = [dict(rank=0, host_rss=None, host_rss_peak=None, gpu_reserved_peak=None, gpu_used=None)]
+    assert training.describe_memory(cpu) == "host unknown (peak unknown)"
 
 
 def test_evaluate_reproduces_last_logged_accuracy(demo_run, tmp_path):

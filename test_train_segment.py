@@ -291,7 +291,13 @@ def test_error_data_url_of_another_scheme(tmp_path):
     )
 
 
-@pytest.mark.parametrize("scale", [[], ["--scale-range", "0.5", "2.0"]], ids=["fixed", "scaled"])
+@pytest.mark.parametrize(
+    "scale",
+    # compiled: the model and batch of test_compile_trains_as_eager_and_saves_the_plain_model, so
+    # that torch's compile cache serves both
+    [[], ["--scale-range", "0.5", "2.0"], ["--compile", "--size", "64", "--unet-width", "8"]],
+    ids=["fixed", "scaled", "compiled"],
+)
 def test_mid_epoch_resume_gives_the_uninterrupted_weights(tmp_path, scale):
     from test_train_classify import assert_resume_is_exact
 

@@ -95,6 +95,8 @@ def setup_distributed(args):
     if args.amp == "default":  # bare --amp: torch's default for the device
         args.amp = "fp16" if cuda else "bf16"
     args.dali_device = args.dali_device or ("gpu" if cuda else "cpu")
+    if args.compile is None:  # a GPU run's model is compiled; a CPU run starts at once
+        args.compile = cuda or "compile_mode" in args.given
     if args.dali_device == "gpu" and not cuda:
         raise UsageError("--dali-device gpu: no CUDA device is visible; use --dali-device cpu")
     if args.sync_bn and not cuda and not args.evaluate:
@@ -268,15 +270,7 @@ def prepare_model(model, args, world, steps_per_epoch, log):
         device_ids = [world.local_rank] if world.device.type == "cuda" else None
         model = torch.nn.parallel.DistributedDataParallel(model, device_ids=device_ids)
     if args.model_ema:
-        # torchvision's recipe: the decay is set for a reference of 1024 images per EMA update.
-        images_per_update = world.size * args.batch_size * args.model_ema_steps
-        alpha = min(1.0, (1.0 - args.model_ema_decay) * images_per_update / args.epochs)
-        model_ema = torch.optim.swa_utils.AveragedModel(
-            model_without_ddp,
-            device=world.device,
-            use_buffers=True,
-            multi_avg_fn=torch.optim.swa_utils.get_ema_multi_avg_fn(1.0 - alpha),
-        )
+        model_ema = make_model_ema(model_without_ddp, args, world)
     if world.cpu_threads:
         log(*world.cpu_threads)
     lr, lr_from = learning_rate(args, args.batch_size * world.size)
@@ -288,12 +282,14 @@ def prepare_model(model, args, world, steps_per_epoch, log):
     optimizer = make_optimizer(model_without_ddp, args, lr)
     # fp16 gradients underflow without loss scaling; bf16 has fp32's range and needs none.
     scaler = torch.amp.GradScaler(world.device.type, enabled=args.amp == "fp16")
+    compiled = args.compile and not args.evaluate  # --evaluate scores the plain model
+    how = f"compiled ({args.compile_mode} mode)" if compiled else "not compiled"
     log(
-        {"type": "config", "lr": lr, "args": vars(args)},
+        {"type": "config", "lr": lr, "compiled": compiled, "args": vars(args)},
         f"{args.arch}: world size {world.size}, batch {args.batch_size} per process, global batch "
         f"{args.batch_size * world.size}, {steps_per_epoch} steps per epoch, lr {lr:.6g} "
         f"({lr_from}), {args.opt}, {args.lr_scheduler} schedule, model on {world.device}, DALI on "
-        f"{args.dali_device}",
+        f"{args.dali_device}, the model {how}",
     )
     state = {
         "model": model_without_ddp,
@@ -302,8 +298,23 @@ def prepare_model(model, args, world, steps_per_epoch, log):
         "scheduler": make_scheduler(optimizer, args, steps_per_epoch),
         "scaler": scaler,
     }
-    model = torch.compile(model) if args.compile else model
+    log.memory("at start-up")  # the loaders' buffers and the model on its device
+    if compiled:  # the plain model stays what is saved and validated
+        model = torch.compile(model, mode=args.compile_mode)
     return model, state
+
+
+def make_model_ema(model, args, world):
+    """--model-ema: torchvision's recipe, its decay set for a reference of 1024 images per EMA
+    update."""
+    images_per_update = world.size * args.batch_size * args.model_ema_steps
+    alpha = min(1.0, (1.0 - args.model_ema_decay) * images_per_update / args.epochs)
+    return torch.optim.swa_utils.AveragedModel(
+        model,
+        device=world.device,
+        use_buffers=True,
+        multi_avg_fn=torch.optim.swa_utils.get_ema_multi_avg_fn(1.0 - alpha),
+    )
 
 
 def learning_rate(args, global_batch):
@@ -396,6 +407,7 @@ class RunLog:
 
     def __init__(self, run_dir, world, tensorboard, keep=None):
         self.dir, self.main, self.started = run_dir, world.main, time.time()
+        self.world = world
         # the package is looked for now, with the other checks; its writer makes files, so later
         self.summary_writer = summary_writer() if tensorboard and run_dir else None
         self.writer, self.keep, self.held = None, keep, []
@@ -451,10 +463,21 @@ class RunLog:
 
     def epoch_end(self, epoch, steps, train_loss, metrics, line, took):
         """The epoch's line and record: its validation ``metrics`` (``line`` says them), its train
-        loss and time."""
+        loss and time, and each process's memory. Every process calls it: the memory is gathered."""
+        memory = every_process_memory(self.world)
         record = {"type": "epoch", "epoch": epoch, "train_loss": train_loss, **metrics}
-        record.update(epoch_time=took, step=steps, global_step=epoch * steps)
-        self(record, f"Epoch {epoch}: val {line}  train loss {train_loss:.4f}  time {took:.1f}s")
+        record.update(epoch_time=took, step=steps, global_step=epoch * steps, memory=memory)
+        self(
+            record,
+            f"Epoch {epoch}: val {line}  train loss {train_loss:.4f}  time {took:.1f}s  "
+            f"memory {describe_memory(memory)}",
+        )
+
+    def memory(self, when):
+        """Each process's memory, ``when`` (at start-up, say). Every process calls it: the memory
+        is gathered."""
+        memory = every_process_memory(self.world)
+        self({"type": "memory", "memory": memory}, f"memory {when}: {describe_memory(memory)}")
 
     def close(self, best_name, best):
         """The run's last line: its best score, where its checkpoints are, its time."""
@@ -464,6 +487,59 @@ class RunLog:
             {"type": "end", best_name: best},
             f"done in {took}: best {best_name} {best:.3f}, {where}",
         )
+
+
+def memory_use(device):
+    """This process's memory in bytes, None where it is not known: its host memory in use (RSS)
+    and the most it has held, from Linux's /proc/self/status; on CUDA, the most torch has reserved
+    and what the device has in use, by any process or library (DALI's memory too)."""
+    host = {}
+    with contextlib.suppress(OSError):
+        with open("/proc/self/status") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key in ("VmRSS", "VmHWM"):
+                    host[key] = int(value.split()[0]) * 1024  # in kB
+    gpu_reserved_peak = gpu_used = None
+    if device.type == "cuda":
+        free, total = torch.cuda.mem_get_info(device)
+        gpu_reserved_peak, gpu_used = torch.cuda.max_memory_reserved(device), total - free
+    return {
+        "host_rss": host.get("VmRSS"),
+        "host_rss_peak": host.get("VmHWM"),
+        "gpu_reserved_peak": gpu_reserved_peak,
+        "gpu_used": gpu_used,
+    }
+
+
+def every_process_memory(world):
+    """Each process's memory_use with its rank, in rank order, on the main process (the others get
+    None). A gather: every process calls it at the same point, and rarely (once an epoch)."""
+    mine = {"rank": world.rank, **memory_use(world.device)}
+    if not dist.is_initialized():
+        return [mine]
+    memory = [None] * world.size if world.main else None
+    dist.gather_object(mine, memory, dst=0)
+    return memory
+
+
+def describe_memory(memory):
+    """The log line's figures, in GB (10^9 bytes): each the largest over the processes, what a node
+    is planned by; metrics.jsonl has every process's, to the byte."""
+    if memory is None:  # a process other than the main one: it writes no line
+        return ""
+
+    def most(key):
+        known = [m[key] for m in memory if m[key] is not None]
+        return f"{max(known) / 1e9:.1f} GB" if known else "unknown"
+
+    line = f"host {most('host_rss')} (peak {most('host_rss_peak')})"
+    if any(m["gpu_used"] is not None for m in memory):
+        line += (
+            f", GPU {most('gpu_reserved_peak')} (torch's peak reserve), {most('gpu_used')} in use "
+            f"on the device"
+        )
+    return line if len(memory) == 1 else f"{line} (the largest of {len(memory)} processes)"
 
 
 def open_run(args, world, ckpt, runs_dir):
@@ -1020,6 +1096,7 @@ class StepLog:
         self.wait = DataWait(device)
         for self.step, batch in enumerate(batches, first_step + 1):
             self.wait.batch_arrived()
+            self.step_start = time.perf_counter()
             yield self.step, batch
             self.wait.step_done()
             self.after_step(self.step)
@@ -1035,8 +1112,7 @@ class StepLog:
 
     def after_step(self, step):
         if self.clock is None:
-            self.clock = time.perf_counter()
-            self.log.training_started()
+            self.first_step_done(step)
         self.done += 1
         overdue = time.perf_counter() - self.last_line >= LOG_EVERY
         # the same answer on every process: a stop signal, and whether a line is overdue
@@ -1048,6 +1124,33 @@ class StepLog:
             path = self.checkpoints.save(self.epoch_no, step, self.loss_sum.item())
             if signum:
                 self.stop.exit(signum, path, self.epoch_no, step)
+
+    def first_step_done(self, step):
+        """The run's first step (a resumed one's too). A compiled model compiles in it: its seconds
+        are logged as a phase of their own and left out of the line's img/s; the ETA counts from
+        here."""
+        if self.args.compile:
+            if self.world.device.type == "cuda":
+                torch.cuda.synchronize(self.world.device)  # once: the step's kernels have run
+            seconds = time.perf_counter() - self.step_start
+            epoch, global_step = self.epoch_no, (self.epoch_no - 1) * self.steps + step
+            self.log(
+                {
+                    "type": "compile",
+                    "seconds": seconds,
+                    "mode": self.args.compile_mode,
+                    "epoch": epoch,
+                    "step": step,
+                    "global_step": global_step,
+                },
+                f"torch.compile ({self.args.compile_mode} mode): the first step took {seconds:.1f}s "
+                f"with the compile; the img/s and ETA leave it out",
+            )
+            # the window's rate starts after it; its loss keeps the step
+            self.window_start, self.window_images = time.perf_counter(), 0
+            self.wait.seconds()
+        self.clock = time.perf_counter()
+        self.log.training_started()
 
     def stoppable(self, batches):
         """Validation's ``batches``, ended by a stop signal as training's steps are: a full pass can
@@ -1077,7 +1180,7 @@ class StepLog:
             "global_step": (epoch - 1) * steps + step,
             "loss": loss_total / (self.window_steps * size),
             "lr": self.optimizer.param_groups[0]["lr"],
-            "img_s": images_total / elapsed,
+            "img_s": images_total / elapsed if images_total else None,  # None: the compile alone
             "data_wait": 100 * wait_total / (elapsed * size),
         }
         crop = ""
@@ -1085,10 +1188,11 @@ class StepLog:
             record["train_crop_size"], crop = self.crop_size, f"  crop {self.crop_size}"
         left = (steps - step) + (self.args.epochs - epoch) * steps  # the whole run's steps to go
         eta = datetime.timedelta(seconds=round((now - self.clock) / max(1, self.done - 1) * left))
+        rate = f"{record['img_s']:.1f}" if images_total else "-"
         self.log(
             record,
             f"Epoch: [{epoch}/{self.args.epochs}] [{step:>{len(str(steps))}}/{steps}]{crop}  "
-            f"loss {record['loss']:.4f}  lr {record['lr']:.5f}  img/s {record['img_s']:.1f}  "
+            f"loss {record['loss']:.4f}  lr {record['lr']:.5f}  img/s {rate}  "
             f"data-wait {record['data_wait']:.1f}%  eta {eta}",
         )
         self.new_window()
