@@ -9,6 +9,7 @@ import math
 import os
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -241,3 +242,37 @@ def test_a_global_batch_the_processes_cannot_share_or_another_b_is_refused(tmp_p
         assert proc.returncode != 0 and told in proc.stderr.splitlines(), proc.stderr[-3000:]
         assert 'training.py", line' not in proc.stderr  # no trace of ours; torchrun has its own
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+
+
+@pytest.mark.parametrize("ra_sampler", [False, True])
+def test_training_pipelines_that_start_at_a_later_epoch_count_on_from_it(tmp_path, ra_sampler):
+    """What a run on another number of processes builds after the interrupted epoch: pipelines that
+    start with epoch 2 crop at epoch 2's --progressive-resize size, draw --ra-sampler's order of
+    epoch 2, and do not replay epoch 1's order."""
+    import train_classify
+    from pipelines import classify_iterator
+
+    for i in range(256):  # --ra-sampler keeps len // 256 * 256 samples an epoch
+        os.makedirs(tmp_path / "train" / f"c{i:03d}")
+        Image.new("RGB", (40, 40), (i, 90, 160)).save(tmp_path / "train" / f"c{i:03d}" / "0.png")
+    flags = ["--data", str(tmp_path), "--batch-size", "32", "--dali-device", "cpu", "--workers"]
+    flags += ["1", "--train-crop-size", "96", "--progressive-resize", "32", "1", "3"]
+    args = train_classify.parse_args(flags + ["--ra-sampler"] * ra_sampler)
+    world = SimpleNamespace(rank=0, size=1, local_rank=0)
+
+    def epochs(first_epoch, count):
+        """(crop sizes, labels) of each of ``count`` epochs of a pipeline starting with
+        ``first_epoch``."""
+        pipe = train_classify.make_train_pipeline(args, world, None, None, first_epoch)
+        loader, seen = classify_iterator(pipe), []
+        for _ in range(count):
+            batches = [(b[0]["data"].shape[-1], b[0]["label"].flatten().tolist()) for b in loader]
+            seen.append(({size for size, _ in batches}, sum((ids for _, ids in batches), [])))
+        return seen
+
+    (sizes1, order1), (sizes2, order2) = epochs(1, 2)
+    ((later_sizes, later),) = epochs(2, 1)
+    assert (sizes1, sizes2, later_sizes) == ({32}, {64}, {64})
+    assert later != order1 and sorted(later) == sorted(order2)
+    if ra_sampler:  # its order is a function of the seed and the epoch alone
+        assert later == order2
