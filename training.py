@@ -607,7 +607,7 @@ class Checkpoints:
         Within the rest of an epoch of another number of processes, the checkpoint is of that
         shape (see RestOfEpoch)."""
         rest = self.loaders.rest
-        if rest is None or not rest.pending or step == self.loaders.steps:
+        if rest is not None and not rest.pending:  # its epoch is done
             rest = None
         dali = rest.checkpoints() if rest else self.loaders.train_loader.checkpoints()[0]
         mine = (dali, torch.get_rng_state(), loss_sum)
@@ -697,6 +697,7 @@ class RestOfEpoch:
     def __init__(self, ckpt, args, world, build):
         self.size, self.batch = ckpt["world_size"], ckpt["args"]["batch_size"]
         self.first_epoch, self.pending = ckpt.get("first_epoch", 1), True
+        self.kept = {k: ckpt[k] for k in ("decoder_cache",) if k in ckpt}  # as its pipelines had
         share = self.size * self.batch // world.size
         self.rows = (world.rank * share, (world.rank + 1) * share)
         shards = range(self.rows[0] // self.batch, (self.rows[1] - 1) // self.batch + 1)
@@ -732,6 +733,7 @@ class RestOfEpoch:
             rng=[rngs[k % len(rngs)] for k in range(self.size)],
             loss_sum=shared_sums(sums, self.size),
             first_epoch=self.first_epoch,
+            **self.kept,
         )
 
 
