@@ -1037,7 +1037,7 @@ def resumed_loss_sum(ckpt, args, world):
     epoch's mean loss needs it); 0 from a checkpoint older than the sums. Anything else than a
     finite number for each process is refused in one line. On another number of processes, each
     takes the mean of the sums (see shared_sums)."""
-    then = ckpt["world_size"]
+    then = ckpt.get("world_size", world.size)
     sums = ckpt.get("loss_sum", [0.0] * then)
     numbers = isinstance(sums, (list, tuple)) and len(sums) == then
     if not numbers or not all(type(s) in (int, float) and math.isfinite(s) for s in sums):
