@@ -588,8 +588,7 @@ def build_loaders(args, world, ckpt, log):
     loaders.train_batches = lambda epoch, first_step: train_batches(
         args, world, loaders, train_pipe, epoch, first_step
     )
-    # a mid-epoch checkpoint of another number of processes: its epoch's rest, as it would have been
-    loaders.rest = training.rest_of_epoch(
+    loaders.rest = training.rest_of_epoch(  # of a checkpoint of another number of processes
         ckpt, args, world, loaders.steps, functools.partial(their_train_loader, ckpt)
     )
     return loaders
