@@ -6,7 +6,8 @@ train_segment.py.
     run folder and log      open_run: the run's folder, locked; its log (stdout, metrics.jsonl),
                             written from RunLog.begin on, once every check has passed
     checkpoints             Checkpoints (atomic save), checkpoint_to_resume, check_resumable
-                            (and check_same_graph), resume
+                            (and check_same_graph), resume; on another number of processes
+                            keep_global_batch, training_start and RestOfEpoch
     the loop's bookkeeping  StepLog: data wait, NaN checks, the windowed all-reduce, ETA, saves
     stopping and exiting    StopSignals (SIGTERM, SIGINT, SIGUSR1, SIGHUP, SIGUSR2), run_main
 
