@@ -540,8 +540,9 @@ def build_loaders(args, world, ckpt, log):
     train_pipe, val_pipe, classes = make_pipelines(args, world, dali_state, None, first_epoch)
     if world.distributed and world.local_rank == 0:
         dist.barrier()
-    if dali_state:
-        cache = ckpt.get("decoder_cache")  # the resumed pipelines must be built as they were
+    if ckpt and not args.evaluate and ckpt.get("dali"):
+        # as its run had it: its pipelines are restored (RestOfEpoch's too), and a GPU has one cache
+        cache = ckpt.get("decoder_cache")
         if "decoder_cache" in args.given:
             had = f"{cache} MB" if cache else "off"
             log(
