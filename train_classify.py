@@ -20,6 +20,7 @@ bottom: flags, model and loss, train_one_epoch and evaluate, main and its phases
 
 import csv
 import difflib
+import functools
 import os
 import time
 from types import SimpleNamespace
@@ -460,42 +461,12 @@ def locate_data(args, world):
         )
 
 
-def make_pipelines(args, world, dali_state, cache=None):
+def make_pipelines(args, world, dali_state, cache=None, first_epoch=1):
     """(train, val) pipelines and the class names, over shard RANK of WORLD_SIZE, on GPU LOCAL_RANK
-    or all on the CPU; ``cache``: MB of DALI's decoder cache, one for both (see plan_decoder_cache).
+    or all on the CPU; ``cache``: MB of DALI's decoder cache, one for both (see plan_decoder_cache);
+    ``first_epoch``: the epoch the training pipeline starts with (see training.training_start).
     """
-    common = dict(
-        num_threads=args.workers,
-        device_id=world.local_rank if args.dali_device == "gpu" else None,
-        shard_id=world.rank,
-        num_shards=world.size,
-        seed=args.seed + world.rank,
-        decoder=args.decoder,
-        hw_decoder_load=args.hw_decoder_load,
-        label_offset=args.label_offset,
-        num_classes=args.num_classes,
-        output_layout="HWC" if args.channels_last else "CHW",  # HWC is channels_last: no transpose
-        decoder_cache=cache,
-    )
-
-    # Checkpointing the train pipeline (reader position, random states) costs nothing until asked.
-    # With --progressive-resize it asks each epoch's crop size by the epoch's index, 0 for epoch 1.
-    def epoch_size(index):
-        return train_crop_size(args, index + 1)
-
-    train = ClassifyTrainPipeline(
-        args.batch_size,
-        data_dir=os.path.join(args.data, "train"),
-        crop_size=args.train_crop_size,
-        auto_augment=args.auto_augment,
-        crop_sizes=epoch_size if args.progressive_resize else None,
-        random_erase=args.random_erase,
-        ra_reps=args.ra_reps if args.ra_sampler else 0,
-        ra_seed=args.seed,  # one order for every process
-        enable_checkpointing=True,
-        checkpoint=dali_state[world.rank] if dali_state else None,
-        **common,
-    )
+    train = make_train_pipeline(args, world, dali_state, cache, first_epoch)
     if train.num_classes is None:
         raise UsageError(
             f"--data {args.data}: the number of classes is unknown (no classes.txt beside the "
@@ -510,22 +481,68 @@ def make_pipelines(args, world, dali_state, cache=None):
         classes=classes,
         crop_size=args.val_crop_size,
         resize_size=args.val_resize_size,
-        **common,
+        **pipeline_settings(args, world, cache),
     )
     return train, val, classes
+
+
+def pipeline_settings(args, world, cache):
+    """What the training and validation pipelines share."""
+    return dict(
+        num_threads=args.workers,
+        device_id=world.local_rank if args.dali_device == "gpu" else None,
+        shard_id=world.rank,
+        num_shards=world.size,
+        seed=args.seed + world.rank,
+        decoder=args.decoder,
+        hw_decoder_load=args.hw_decoder_load,
+        label_offset=args.label_offset,
+        num_classes=args.num_classes,
+        output_layout="HWC" if args.channels_last else "CHW",  # HWC is channels_last: no transpose
+        decoder_cache=cache,
+    )
+
+
+def make_train_pipeline(args, world, dali_state, cache=None, first_epoch=1):
+    """The training pipeline of make_pipelines."""
+    common = pipeline_settings(args, world, cache)
+    # Pipelines that start with a later epoch (another number of processes took up the run) take
+    # a seed of their own: the seed's would replay the first epoch's order.
+    common["seed"] += (first_epoch - 1) * world.size
+
+    # Checkpointing the train pipeline (reader position, random states) costs nothing until asked.
+    # With --progressive-resize it asks each epoch's crop size by the epoch's index, 0 for its
+    # first epoch.
+    def epoch_size(index):
+        return train_crop_size(args, index + first_epoch)
+
+    return ClassifyTrainPipeline(
+        args.batch_size,
+        data_dir=os.path.join(args.data, "train"),
+        crop_size=args.train_crop_size,
+        auto_augment=args.auto_augment,
+        crop_sizes=epoch_size if args.progressive_resize else None,
+        random_erase=args.random_erase,
+        ra_reps=args.ra_reps if args.ra_sampler else 0,
+        ra_seed=args.seed + first_epoch - 1,  # one order for every process, each epoch its own
+        enable_checkpointing=True,
+        checkpoint=dali_state[world.rank] if dali_state else None,
+        **common,
+    )
 
 
 def build_loaders(args, world, ckpt, log):
     """The pipelines and iterators, and what the run needs to know of the data; checks that a
     --resume checkpoint fits it."""
-    dali_state = ckpt.get("dali") if ckpt and not args.evaluate else None
+    dali_state, first_epoch = training.training_start(ckpt, args, world)
     if world.distributed and world.local_rank > 0:
         dist.barrier()  # local rank 0 indexes the node's new shards; the others then find them made
-    train_pipe, val_pipe, classes = make_pipelines(args, world, dali_state)
+    train_pipe, val_pipe, classes = make_pipelines(args, world, dali_state, None, first_epoch)
     if world.distributed and world.local_rank == 0:
         dist.barrier()
-    if dali_state:
-        cache = ckpt.get("decoder_cache")  # the resumed pipelines must be built as they were
+    if ckpt and not args.evaluate and ckpt.get("dali"):
+        # as its run had it: its pipelines are restored (RestOfEpoch's too), and a GPU has one cache
+        cache = ckpt.get("decoder_cache")
         if "decoder_cache" in args.given:
             had = f"{cache} MB" if cache else "off"
             log(
@@ -541,7 +558,7 @@ def build_loaders(args, world, ckpt, log):
         if why:
             log({"type": "decoder_cache", "mb": cache}, why)
     if cache:  # again, decoding whole images into the cache (DALI builds nothing until iterated)
-        train_pipe, val_pipe, classes = make_pipelines(args, world, dali_state, cache)
+        train_pipe, val_pipe, classes = make_pipelines(args, world, dali_state, cache, first_epoch)
     # what the run reads, for the checkpoints the main process writes; scoring one needs none
     on_main = world.main and not args.evaluate
     digest = data_digest(train_pipe.read.data_dir, train_pipe.files) if on_main else None
@@ -566,12 +583,23 @@ def build_loaders(args, world, ckpt, log):
         watched=watched,
         decoder_cache=cache,
         graph=train_pipe.graph,
+        first_epoch=first_epoch,
         val_batches=lambda: batches_on_device(val_loader, val_pipe, world.device),
     )
     loaders.train_batches = lambda epoch, first_step: train_batches(
         args, world, loaders, train_pipe, epoch, first_step
     )
+    loaders.rest = training.rest_of_epoch(  # of a checkpoint of another number of processes
+        ckpt, args, world, loaders.steps, functools.partial(their_train_loader, ckpt)
+    )
     return loaders
+
+
+def their_train_loader(ckpt, args, world, dali_state, first_epoch):
+    """The training iterator of a checkpoint's run, for training.RestOfEpoch: built as it was."""
+    pipe = make_train_pipeline(args, world, dali_state, ckpt.get("decoder_cache"), first_epoch)
+    with decode_errors_named(pipe):
+        return classify_iterator(pipe)
 
 
 def train_batches(args, world, loaders, train_pipe, epoch, first_step):
@@ -579,7 +607,10 @@ def train_batches(args, world, loaders, train_pipe, epoch, first_step):
     batch of the epoch's crop size already on the device, every step (the ceiling for any
     loader)."""
     if args.loader == "dali":
-        return batches_on_device(loaders.train_loader, train_pipe, world.device)
+        loader = loaders.train_loader
+        if loaders.rest is not None and loaders.rest.pending:
+            loader = loaders.rest
+        return batches_on_device(loader, train_pipe, world.device)
     size = train_crop_size(args, epoch)
     images = torch.randn(args.batch_size, 3, size, size, device=world.device)
     if args.channels_last:

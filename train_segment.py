@@ -666,34 +666,19 @@ def build_loaders(args, world, ckpt, log):
     """The pipelines (shard RANK of WORLD_SIZE, on GPU LOCAL_RANK or the CPU), their iterators, what
     the run needs to know of the data; checks the masks' values, and that a --resume checkpoint
     fits the data."""
-    dali_state = ckpt.get("dali") if ckpt and not args.evaluate else None
+    dali_state, first_epoch = training.training_start(ckpt, args, world)
     splits = {split: read_split(args.data, split) for split in ("train", "valid")}
-    common = dict(
-        num_threads=args.workers,
-        device_id=world.local_rank if args.dali_device == "gpu" else None,
-        size=(args.size, args.size),
-        shard_id=world.rank,
-        num_shards=world.size,
-        seed=args.seed + world.rank,
-    )
-    # Checkpointing the train pipeline (reader position, random states) costs nothing until asked.
-    checkpoint = dali_state[world.rank] if dali_state else None
     (train_imgs, train_lbls), (val_imgs, val_lbls) = splits["train"], splits["valid"]
     check_ignore_index(args, train_imgs, train_lbls)
-    train_pipe = SegmentTrainPipeline(
-        args.batch_size,
-        imgs=train_imgs,
-        lbls=train_lbls,
-        enable_checkpointing=True,
-        checkpoint=checkpoint,
-        scale_range=args.scale_range,
-        # padding is left out of the loss where there is a class to ignore, else background
-        mask_pad=0 if args.ignore_index is None else args.ignore_index,
-        **common,
-    )
+    make_train_pipeline = functools.partial(train_pipeline, imgs=train_imgs, lbls=train_lbls)
+    train_pipe = make_train_pipeline(args, world, dali_state, first_epoch)
     # Also the masks as read, to score each at its own size.
     val_pipe = SegmentValPipeline(
-        args.batch_size, imgs=val_imgs, lbls=val_lbls, own_size_masks=True, **common
+        args.batch_size,
+        imgs=val_imgs,
+        lbls=val_lbls,
+        own_size_masks=True,
+        **pipeline_settings(args, world),
     )
     check_mask_values(args, world, splits)
     classes, num_samples = [str(k) for k in range(args.num_classes)], len(train_imgs)
@@ -717,10 +702,50 @@ def build_loaders(args, world, ckpt, log):
         watched=[watch(args.data, train_files + val_imgs + val_lbls)] if on_main else [],
         train_files=train_files,
         graph=train_pipe.graph,
+        first_epoch=first_epoch,
         val_batches=lambda: batches_on_device(val_loader, val_imgs + val_lbls, world.device),
     )
     loaders.train_batches = lambda first_step: train_batches(args, world, loaders, first_step)
+
+    def their_train_loader(args, world, dali_state, first_epoch):  # for training.RestOfEpoch
+        return segment_iterator(make_train_pipeline(args, world, dali_state, first_epoch))
+
+    # a mid-epoch checkpoint of another number of processes: its epoch's rest, as it would have been
+    loaders.rest = training.rest_of_epoch(ckpt, args, world, loaders.steps, their_train_loader)
     return loaders
+
+
+def pipeline_settings(args, world):
+    """What the training and validation pipelines share: shard RANK of WORLD_SIZE, on GPU
+    LOCAL_RANK or the CPU."""
+    return dict(
+        num_threads=args.workers,
+        device_id=world.local_rank if args.dali_device == "gpu" else None,
+        size=(args.size, args.size),
+        shard_id=world.rank,
+        num_shards=world.size,
+        seed=args.seed + world.rank,
+    )
+
+
+def train_pipeline(args, world, dali_state, first_epoch, imgs, lbls):
+    """The training pipeline, restored from ``dali_state`` (each process's, or None); one that
+    starts with a later epoch (see training.training_start) takes a seed of its own: the seed's
+    would replay the first epoch's order."""
+    common = pipeline_settings(args, world)
+    common["seed"] += (first_epoch - 1) * world.size
+    return SegmentTrainPipeline(
+        args.batch_size,
+        imgs=imgs,
+        lbls=lbls,
+        # Checkpointing (reader position, random states) costs nothing until asked.
+        enable_checkpointing=True,
+        checkpoint=dali_state[world.rank] if dali_state else None,
+        scale_range=args.scale_range,
+        # padding is left out of the loss where there is a class to ignore, else background
+        mask_pad=0 if args.ignore_index is None else args.ignore_index,
+        **common,
+    )
 
 
 def log_data(args, log, train_pipe, num_samples, val_samples):
@@ -774,7 +799,10 @@ def train_batches(args, world, loaders, first_step):
     """The rest of the epoch's training batches: DALI's, or with --loader synthetic one random
     batch already on the device, every step (the ceiling for any loader)."""
     if args.loader == "dali":
-        return batches_on_device(loaders.train_loader, loaders.train_files, world.device)
+        loader = loaders.train_loader
+        if loaders.rest is not None and loaders.rest.pending:
+            loader = loaders.rest
+        return batches_on_device(loader, loaders.train_files, world.device)
     shape = (args.batch_size, loaders.channels, args.size, args.size)
     images = torch.randn(shape, device=world.device)
     classes = max(2, args.num_classes)

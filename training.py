@@ -6,7 +6,8 @@ train_segment.py.
     run folder and log      open_run: the run's folder, locked; its log (stdout, metrics.jsonl),
                             written from RunLog.begin on, once every check has passed
     checkpoints             Checkpoints (atomic save), checkpoint_to_resume, check_resumable
-                            (and check_same_graph), resume
+                            (and check_same_graph), resume; on another number of processes
+                            keep_global_batch, training_start and RestOfEpoch
     the loop's bookkeeping  StepLog: data wait, NaN checks, the windowed all-reduce, ETA, saves
     stopping and exiting    StopSignals (SIGTERM, SIGINT, SIGUSR1, SIGHUP, SIGUSR2), run_main
 
@@ -679,8 +680,14 @@ class Checkpoints:
 
     def save(self, epoch, step, loss_sum=0.0, score=None):
         """Saves; ``score``, the epoch's validation score, also makes best.pth when it is the best
-        so far. Every process calls it; the main one writes and returns the checkpoint's path."""
-        mine = (self.loaders.train_loader.checkpoints()[0], torch.get_rng_state(), loss_sum)
+        so far. Every process calls it; the main one writes and returns the checkpoint's path.
+        Within the rest of an epoch of another number of processes, the checkpoint is of that
+        shape (see RestOfEpoch)."""
+        rest = self.loaders.rest
+        if rest is not None and not rest.pending:  # its epoch is done
+            rest = None
+        dali = rest.checkpoints() if rest else self.loaders.train_loader.checkpoints()[0]
+        mine = (dali, torch.get_rng_state(), loss_sum)
         states = [mine]
         if dist.is_initialized():
             states = [None] * self.world.size if self.world.main else None
@@ -690,6 +697,8 @@ class Checkpoints:
         if not self.world.main:
             return None
         ckpt = self.contents(epoch, step, states)
+        if rest:
+            ckpt.update(rest.as_saved(ckpt, states))
         for name in ("checkpoint.pth", "best.pth") if is_best else ("checkpoint.pth",):
             write_checkpoint(ckpt, os.path.join(self.run.dir, name))
         if step < self.loaders.steps:
@@ -723,11 +732,86 @@ class Checkpoints:
             num_samples=self.loaders.num_samples,
             data_digest=self.loaders.data_digest,
             world_size=self.world.size,
+            steps=self.loaders.steps,
+            first_epoch=self.loaders.first_epoch,
             graph=self.loaders.graph,
             dali=dali if self.args.loader == "dali" else None,
             **self.extra,
         )
         return ckpt
+
+
+def training_start(ckpt, args, world):
+    """(the DALI states this run's training pipelines are restored from, or None; the epoch they
+    count from, for the epoch's crop size, --ra-sampler's order and their seed). A checkpoint of
+    another number of processes restores none: this run's pipelines start afresh with the epoch
+    after its own (RestOfEpoch reads the rest of that)."""
+    if not ckpt or args.evaluate:
+        return None, 1
+    if ckpt["world_size"] != world.size:
+        return None, ckpt["epoch"] + 1
+    return ckpt.get("dali"), ckpt.get("first_epoch", 1)
+
+
+def rest_of_epoch(ckpt, args, world, steps, build):
+    """RestOfEpoch where a mid-epoch checkpoint of another number of processes goes on with DALI;
+    else None."""
+    if not ckpt or args.evaluate or args.loader != "dali" or ckpt["world_size"] == world.size:
+        return None
+    return RestOfEpoch(ckpt, args, world, build) if ckpt["step"] < steps else None
+
+
+class RestOfEpoch:
+    """The rest of a mid-epoch checkpoint's epoch on another number of processes, each remaining
+    sample once, as its run would have read it, whatever the data's layout. DALI restores a
+    checkpoint only into the pipeline it was taken from (its shard, shard count and batch), so
+    this process builds those of the run's training pipelines whose rows it needs, each restored,
+    with ``build(args, world, dali_states, first_epoch)`` (an iterator), and steps them together:
+    their batches of a step, in shard order, are the run's global batch of G, of which rank r of M
+    takes rows r G/M to (r + 1) G/M. A checkpoint taken in it is of the run's shape (``as_saved``),
+    so a resume from it takes this road again. ``pending`` until the epoch's end."""
+
+    def __init__(self, ckpt, args, world, build):
+        self.size, self.batch = ckpt["world_size"], ckpt["args"]["batch_size"]
+        self.first_epoch, self.pending = ckpt.get("first_epoch", 1), True
+        self.kept = {k: ckpt[k] for k in ("decoder_cache",) if k in ckpt}  # as its pipelines had
+        share = self.size * self.batch // world.size
+        self.rows = (world.rank * share, (world.rank + 1) * share)
+        shards = range(self.rows[0] // self.batch, (self.rows[1] - 1) // self.batch + 1)
+        their_args = argparse.Namespace(**{**vars(args), "batch_size": self.batch})
+        self.loaders = {}
+        for shard in shards:
+            theirs = SimpleNamespace(**{**vars(world), "rank": shard, "size": self.size})
+            self.loaders[shard] = build(their_args, theirs, ckpt["dali"], self.first_epoch)
+
+    def __iter__(self):
+        first = min(self.loaders) * self.batch
+        low, high = self.rows[0] - first, self.rows[1] - first
+        for batches in zip(*self.loaders.values()):
+            outputs = batches[0][0].keys()
+            yield [{k: torch.cat([b[0][k] for b in batches])[low:high] for k in outputs}]
+        self.pending, self.loaders = False, {}  # their pipelines' memory goes
+
+    def checkpoints(self):
+        """This process's pipelines' DALI states, by shard."""
+        return {shard: loader.checkpoints()[0] for shard, loader in self.loaders.items()}
+
+    def as_saved(self, ckpt, states):
+        """What makes ``ckpt``, of ``states`` (each process's (DALI states by shard, random state,
+        loss sum)), a checkpoint of the run's shape: a shard run by two processes is one state."""
+        dali, rngs, sums = {}, [s[1] for s in states], [s[2] for s in states]
+        for shards, _, _ in states:
+            for shard, state in shards.items():
+                dali.setdefault(shard, state)
+        return dict(
+            world_size=self.size,
+            args={**ckpt["args"], "batch_size": self.batch},
+            dali=[dali[shard] for shard in range(self.size)],
+            rng=[rngs[k % len(rngs)] for k in range(self.size)],
+            loss_sum=shared_sums(sums, self.size),
+            first_epoch=self.first_epoch,
+            **self.kept,
+        )
 
 
 def write_checkpoint(ckpt, path):
@@ -807,8 +891,36 @@ def checkpoint_to_resume(args, as_trained=()):
     if scoring:
         evaluate_as_trained(args, ckpt["args"], as_trained)
     else:
+        keep_global_batch(args, ckpt)
         resume_at_trained_rate(args, ckpt)
     return ckpt
+
+
+def keep_global_batch(args, ckpt):
+    """A resume on another number of processes keeps its run's global batch: -b becomes its share
+    of it, and with it the steps per epoch and the lr schedule are as they were. A requeued job
+    runs its first command again, so a -b as its run had it asks for the same. One line names the
+    choices where the processes cannot share the batch evenly, or -b gives another global batch."""
+    size = dist.get_world_size() if dist.is_initialized() else 1
+    then, batch = ckpt["world_size"], ckpt["args"]["batch_size"]
+    total = then * batch
+    if size == then:
+        return
+    where = f"--resume {args.resume}: taken with {then} process(es) x batch {batch}"
+    if total % size or total // size < 2:  # training needs 2 samples a batch (BatchNorm)
+        counts = [str(k) for k in range(1, total // 2 + 1) if total % k == 0]
+        choices = " or ".join([", ".join(counts[:-1]), counts[-1]] if counts[1:] else counts)
+        raise UsageError(
+            f"{where}, a global batch of {total}, which {size} processes cannot share evenly; "
+            f"run on {choices} process(es), or --weights it"
+        )
+    if "batch_size" in args.given and args.batch_size not in (batch, total // size):
+        raise UsageError(
+            f"{where}: -b {args.batch_size} on {size} processes gives a global batch of "
+            f"{args.batch_size * size}, not its {total}; pass -b {total // size} (or no -b), or "
+            f"--weights it"
+        )
+    args.batch_size = total // size
 
 
 # The flags that set the learning rate (see learning_rate).
@@ -891,11 +1003,12 @@ def check_resumable(ckpt, args, classes, num_samples, world_size, digest, graph)
     if args.evaluate:  # scoring needs only the model and its classes
         return
     then = (ckpt["world_size"], saved["batch_size"], ckpt["num_samples"])
-    if then != (world_size, args.batch_size, num_samples):
+    global_batch = (then[0] * then[1], then[2])  # another number of processes shares it
+    if global_batch != (world_size * args.batch_size, num_samples):
         raise UsageError(
             f"{where}: taken with {then[0]} process(es) x batch {then[1]} on {then[2]} training "
             f"samples, this run has {world_size} x {args.batch_size} on {num_samples}; resume with "
-            f"the same, so the remaining steps and samples are the same"
+            f"the same global batch, so the remaining steps and samples are the same"
         )
     if digest and ckpt.get("data_digest", digest) != digest:
         raise UsageError(
@@ -949,7 +1062,15 @@ def resume(ckpt, args, world, state, steps, log):
             ) from None
     if args.evaluate:
         return 1, 0, -math.inf, 0.0
-    torch.set_rng_state(ckpt["rng"][world.rank])  # mixup and cutmix draw from it
+    if ckpt.get("steps", steps) != steps:  # --ra-sampler's may differ on other processes
+        raise UsageError(
+            f"--resume {args.resume}: its run had {ckpt['steps']} steps per epoch, this one has "
+            f"{steps}; resume on {ckpt['world_size']} process(es), or --weights it"
+        )
+    if world.rank < len(ckpt["rng"]):
+        torch.set_rng_state(ckpt["rng"][world.rank])  # mixup and cutmix draw from it
+    else:  # a process its run did not have: a state of its own
+        torch.manual_seed(args.seed + world.rank)
     if ckpt["step"] == steps:
         start_epoch, first_step = ckpt["epoch"] + 1, 0
     else:
@@ -964,23 +1085,51 @@ def resume(ckpt, args, world, state, steps, log):
         {"type": "resume", "epoch": start_epoch, "step": first_step},
         f"resumed from {args.resume}: epoch {start_epoch}, after step {first_step} of {steps}",
     )
+    log_new_shape(ckpt, args, world, first_step, log)
     follow_schedule_flags(ckpt, args, state, steps, log)
     return start_epoch, first_step, ckpt["best"], loss_sum
+
+
+def log_new_shape(ckpt, args, world, first_step, log):
+    """One line where the run goes on with another number of processes: its batch per process,
+    and how the rest of a mid-epoch checkpoint's epoch is read (see RestOfEpoch)."""
+    then, batch = ckpt["world_size"], ckpt["args"]["batch_size"]
+    if then == world.size:
+        return
+    rest = ""
+    if first_step and args.loader == "dali":
+        rest = (
+            f"; the rest of epoch {ckpt['epoch']} reads its run's {then} shard(s) as they would "
+            f"have, each remaining sample once"
+        )
+    log(
+        {"type": "new_shape", "world_size": [then, world.size], "batch": [batch, args.batch_size]},
+        f"--resume {args.resume}: taken with {then} process(es) x batch {batch}, goes on with "
+        f"{world.size} x {args.batch_size}, the same global batch {then * batch}{rest}",
+    )
 
 
 def resumed_loss_sum(ckpt, args, world):
     """This process's loss summed over the epoch's steps before a mid-epoch checkpoint (the
     epoch's mean loss needs it); 0 from a checkpoint older than the sums. Anything else than a
-    finite number for each process is refused in one line."""
-    sums = ckpt.get("loss_sum", [0.0] * world.size)
-    numbers = isinstance(sums, (list, tuple)) and len(sums) == world.size
+    finite number for each process is refused in one line. On another number of processes, each
+    takes the mean of the sums (see shared_sums)."""
+    then = ckpt.get("world_size", world.size)
+    sums = ckpt.get("loss_sum", [0.0] * then)
+    numbers = isinstance(sums, (list, tuple)) and len(sums) == then
     if not numbers or not all(type(s) in (int, float) and math.isfinite(s) for s in sums):
         raise UsageError(
-            f"--resume {args.resume}: its loss_sum is not {world.size} finite number(s), one a "
+            f"--resume {args.resume}: its loss_sum is not {then} finite number(s), one a "
             f"process, as {os.path.basename(sys.argv[0])} writes it (an edited or damaged file); "
             f"start anew, or --weights it"
         )
-    return sums[world.rank]
+    return sums[world.rank] if then == world.size else shared_sums(sums, world.size)[world.rank]
+
+
+def shared_sums(sums, size):
+    """Loss sums of one process count over ``size`` processes. Each is a sum of batch means, and
+    the epoch's mean loss divides their total by the processes: each new one takes their mean."""
+    return [sum(sums) / len(sums)] * size
 
 
 # The flags that shape the lr schedule besides --lr (the optimizer's state holds that).
