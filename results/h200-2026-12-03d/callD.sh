@@ -13,14 +13,13 @@ for split in ("train", "val"):
 PY
 for l in synthetic dali; do
   timeout 100 python3 train_classify.py --data /tmp/jpegs --arch resnet18 -b 256 --amp bf16 \
-    --channels-last --epochs 8 --decoder-cache off --loader $l --output-dir /tmp/r18-$l \
+    --channels-last --epochs 6 --decoder-cache off --loader $l --output-dir /tmp/r18-$l \
     > $OUT/r18-$l.log 2>&1
   cp /tmp/r18-$l/metrics.jsonl $OUT/r18-$l.jsonl
-  grep -E "compile|memory|Epoch 8|done in" $OUT/r18-$l.log | cut -c1-200
+  grep -E "compile|memory|Epoch 6|done in" $OUT/r18-$l.log | cut -c1-200
 done
 timeout 60 bash results/h200-2026-12-03b/badfile.sh 2>&1 | tail -n 4
 cp $OUT/badfile.log $OUT/badfile-2.log 2>/dev/null
-timeout 250 python3 -m pytest -q -rs -p no:cacheprovider --durations=8 test_train_classify.py \
-  test_train_segment.py test_predict.py -k "gpu or hardware_decoder or decoder_cache or not_an_image" \
-  > $OUT/tests.log 2>&1
+timeout 260 python3 -m pytest -q -rs -p no:cacheprovider --durations=8 test_train_classify.py \
+  test_train_segment.py test_predict.py -k "gpu or decoder_cache" > $OUT/tests.log 2>&1
 tail -n 12 $OUT/tests.log
