@@ -20,6 +20,6 @@ for l in synthetic dali; do
 done
 timeout 60 bash results/h200-2026-12-03b/badfile.sh 2>&1 | tail -n 4
 cp $OUT/badfile.log $OUT/badfile-2.log 2>/dev/null
-timeout 260 python3 -m pytest -q -rs -p no:cacheprovider --durations=8 test_train_classify.py \
+timeout 200 python3 -m pytest -q -rs -p no:cacheprovider --durations=8 test_train_classify.py \
   test_train_segment.py test_predict.py -k "gpu or decoder_cache" > $OUT/tests.log 2>&1
 tail -n 12 $OUT/tests.log
