@@ -62,7 +62,8 @@ CACHED_HW_DECODER_LOAD = 1.0
 # Scratch memory the mixed decoder allocates up front for each of its threads, grown where an image
 # needs more: DALI's own defaults. The values of DALI's ResNet-50 example (201 and 134 MB, enough
 # for ImageNet's largest images without a reallocation) held 4.4 GB of pinned host memory in each
-# pipeline at 8 threads, most of a run's, for no more speed (results/README.md).
+# pipeline at 8 threads, most of a run's; the loader alone ran within a few percent of it either
+# way (results/README.md).
 DEVICE_MEMORY_PADDING = 16 << 20
 HOST_MEMORY_PADDING = 8 << 20
 # Batches each .npy reader reads ahead in its own thread (DALI's default is 1): evens out file

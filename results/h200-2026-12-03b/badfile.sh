@@ -19,7 +19,7 @@ open("/tmp/pred/notes.jpg", "w").write("x" * 200)
 import torch, torchvision
 torch.save(torchvision.models.resnet18(num_classes=3).state_dict(), "/tmp/r18.pth")
 PY
-for i in 1 2; do
+for i in ${RUNS:-1 2}; do
   python3 train_classify.py --data /tmp/bad -b 32 --epochs 1 --output-dir /tmp/o$i > /dev/null 2> /tmp/e$i
   echo "train run $i: exit $? | $(tail -n 1 /tmp/e$i | cut -c1-220)"
   python3 train_classify.py --predict /tmp/pred --weights /tmp/r18.pth --arch resnet18 --num-classes 3 \
