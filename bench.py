@@ -230,7 +230,8 @@ def parse_args(argv=None):
         action=argparse.BooleanOptionalAction,
         default=True,
         help="torch.compile the models of the end-to-end and --ddp rows, as the trainers do on a "
-        "GPU: the ceiling is the compiled model's rate (default: on; --no-compile: eager)",
+        "GPU: the ceiling is the compiled model's rate; --startup's run compiles in its first step "
+        "(default: on; --no-compile: eager)",
     )
     p.add_argument(
         "--prefetch-queue-depth",
@@ -1110,6 +1111,7 @@ def startup(args):
             "--output-dir",
             out,
         ] + ([] if args.gpu else ["--dali-device", "cpu"])
+        cmd += [] if args.compile else ["--no-compile"]  # a GPU run compiles in its first step
         log(
             f"startup: {' '.join(cmd)} ({counts['train']} train and {counts['val']} val images; imports alone "
             f"{imports:.1f} s)"
