@@ -112,6 +112,16 @@ def torchrun(tmp_path, *flags, port, script=None, nproc=2, env=CPU_ENV):
     )
 
 
+def two_class_folder(root, train, val):
+    """An ImageFolder root of two classes of small PNGs: ``train`` and ``val`` images."""
+    for split, n in (("train", train), ("val", val)):
+        for i in range(n):
+            os.makedirs(root / split / f"c{i % 2}", exist_ok=True)
+            Image.fromarray(np.full((64, 80, 3), (i % 250, 90, 160), np.uint8)).save(
+                root / split / f"c{i % 2}" / f"{i}.png"
+            )
+
+
 # A small, quick run on the CPU: the flags of the tests that start train_classify.py themselves.
 TINY_RUN = [
     "--arch",
@@ -320,12 +330,7 @@ def test_a_stop_signal_to_the_launcher_stops_every_rank_at_one_step_with_one_che
     they agree on one step, rank 0 saves the checkpoint of that step with both ranks' DALI and
     random state, says so once, the launcher exits 128 + the signal without a traceback, and the
     run resumes from it."""
-    for split, n in (("train", 160), ("val", 8)):
-        for i in range(n):
-            os.makedirs(tmp_path / "data" / split / f"c{i % 2}", exist_ok=True)
-            Image.fromarray(np.full((64, 80, 3), (i % 250, 90, 160), np.uint8)).save(
-                tmp_path / "data" / split / f"c{i % 2}" / f"{i}.png"
-            )
+    two_class_folder(tmp_path / "data", train=160, val=8)
     cmd = [
         sys.executable,
         os.path.join(HERE, "launch.py"),
@@ -498,12 +503,7 @@ def test_a_stop_signal_to_one_worker_under_max_restarts_stops_the_job(tmp_path, 
     """SIGTERM to one worker (rank 1, which saves nothing itself) under --max-restarts stops the
     job as one to the launcher does: one checkpoint of both ranks at the stop's step, no restart
     trained on, the launcher's status a batch script requeues on, and the same command resumes."""
-    for split, n in (("train", 160), ("val", 8)):
-        for i in range(n):
-            os.makedirs(tmp_path / "data" / split / f"c{i % 2}", exist_ok=True)
-            Image.fromarray(np.full((64, 80, 3), (i % 250, 90, 160), np.uint8)).save(
-                tmp_path / "data" / split / f"c{i % 2}" / f"{i}.png"
-            )
+    two_class_folder(tmp_path / "data", train=160, val=8)
     out = tmp_path / "out"
     start = {
         "launch.py": [sys.executable, os.path.join(HERE, "launch.py")],
@@ -588,12 +588,7 @@ def test_a_stop_signal_during_validation_stops_it_and_saves_the_epoch(tmp_path):
     """A stop during validation does not wait for the whole pass (it can outlast the grace period
     before SIGKILL): both ranks stop at one batch, the epoch's last step is saved, and a resume
     goes on with the next epoch."""
-    for split, n in (("train", 32), ("val", 160)):
-        for i in range(n):
-            os.makedirs(tmp_path / "data" / split / f"c{i % 2}", exist_ok=True)
-            Image.fromarray(np.full((64, 80, 3), (i % 250, 90, 160), np.uint8)).save(
-                tmp_path / "data" / split / f"c{i % 2}" / f"{i}.png"
-            )
+    two_class_folder(tmp_path / "data", train=32, val=160)
     script = tmp_path / "stop_in_validation.py"
     script.write_text(STOP_IN_VALIDATION.format(here=HERE))
     out = tmp_path / "out"
