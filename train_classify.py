@@ -607,9 +607,7 @@ def train_batches(args, world, loaders, train_pipe, epoch, first_step):
     batch of the epoch's crop size already on the device, every step (the ceiling for any
     loader)."""
     if args.loader == "dali":
-        loader = loaders.train_loader
-        if loaders.rest is not None and loaders.rest.pending:
-            loader = loaders.rest
+        loader = training.pending_rest(loaders) or loaders.train_loader
         return batches_on_device(loader, train_pipe, world.device)
     size = train_crop_size(args, epoch)
     images = torch.randn(args.batch_size, 3, size, size, device=world.device)

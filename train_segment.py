@@ -799,9 +799,7 @@ def train_batches(args, world, loaders, first_step):
     """The rest of the epoch's training batches: DALI's, or with --loader synthetic one random
     batch already on the device, every step (the ceiling for any loader)."""
     if args.loader == "dali":
-        loader = loaders.train_loader
-        if loaders.rest is not None and loaders.rest.pending:
-            loader = loaders.rest
+        loader = training.pending_rest(loaders) or loaders.train_loader
         return batches_on_device(loader, loaders.train_files, world.device)
     shape = (args.batch_size, loaders.channels, args.size, args.size)
     images = torch.randn(shape, device=world.device)

@@ -683,9 +683,7 @@ class Checkpoints:
         so far. Every process calls it; the main one writes and returns the checkpoint's path.
         Within the rest of an epoch of another number of processes, the checkpoint is of that
         shape (see RestOfEpoch)."""
-        rest = self.loaders.rest
-        if rest is not None and not rest.pending:  # its epoch is done
-            rest = None
+        rest = pending_rest(self.loaders)
         dali = rest.checkpoints() if rest else self.loaders.train_loader.checkpoints()[0]
         mine = (dali, torch.get_rng_state(), loss_sum)
         states = [mine]
@@ -751,6 +749,13 @@ def training_start(ckpt, args, world):
     if ckpt["world_size"] != world.size:
         return None, ckpt["epoch"] + 1
     return ckpt.get("dali"), ckpt.get("first_epoch", 1)
+
+
+def pending_rest(loaders):
+    """The RestOfEpoch whose epoch is still to train, or None: the loader of the epoch at hand,
+    until it ends, in place of the run's own."""
+    rest = loaders.rest
+    return rest if rest is not None and rest.pending else None
 
 
 def rest_of_epoch(ckpt, args, world, steps, build):
