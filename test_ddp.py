@@ -345,17 +345,8 @@ def test_a_stop_signal_to_the_launcher_stops_every_rank_at_one_step_with_one_che
         "--output-dir",
         str(tmp_path / "out"),
     ]
-    proc = subprocess.Popen(
-        cmd, cwd=HERE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=CPU_ENV
-    )
+    proc = started_to_train(cmd, tmp_path / "out")
     metrics = tmp_path / "out" / "metrics.jsonl"
-    deadline = time.time() + 300
-    while not (
-        metrics.exists()
-        and sum(json.loads(r)["type"] == "train" for r in metrics.read_text().splitlines()) >= 2
-    ):
-        assert proc.poll() is None and time.time() < deadline, proc.stderr.read()[-3000:]
-        time.sleep(0.01)
     proc.send_signal(signum)
     stderr = proc.communicate(timeout=300)[1]
     assert proc.returncode == 128 + signum and "Traceback" not in stderr, stderr[-3000:]
@@ -478,6 +469,22 @@ def test_torchrun_restarts_a_killed_worker_and_the_job_ends_as_an_uninterrupted_
     )
 
 
+def started_to_train(cmd, out):
+    """``cmd`` started, its stderr piped, once its run folder ``out`` logs two training lines."""
+    proc = subprocess.Popen(
+        cmd, cwd=HERE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=CPU_ENV
+    )
+    metrics = out / "metrics.jsonl"
+    deadline = time.time() + 300
+    while not (
+        metrics.exists()
+        and sum(json.loads(r)["type"] == "train" for r in metrics.read_text().splitlines()) >= 2
+    ):
+        assert proc.poll() is None and time.time() < deadline, proc.stderr.read()[-3000:]
+        time.sleep(0.01)
+    return proc
+
+
 def worker_pid(launcher, rank):
     """The pid of the worker of ``rank`` that ``launcher`` (torchrun's agent) started, or None."""
     try:
@@ -525,17 +532,8 @@ def test_a_stop_signal_to_one_worker_under_max_restarts_stops_the_job(tmp_path, 
         "--output-dir",
         str(out),
     ]
-    proc = subprocess.Popen(
-        cmd, cwd=HERE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=CPU_ENV
-    )
+    proc = started_to_train(cmd, out)
     metrics = out / "metrics.jsonl"
-    deadline = time.time() + 300
-    while not (
-        metrics.exists()
-        and sum(json.loads(r)["type"] == "train" for r in metrics.read_text().splitlines()) >= 2
-    ):
-        assert proc.poll() is None and time.time() < deadline, proc.stderr.read()[-3000:]
-        time.sleep(0.01)
     os.kill(worker_pid(proc.pid, 1), signal.SIGTERM)
     stderr = proc.communicate(timeout=300)[1]
     assert proc.returncode == status, stderr[-3000:]
