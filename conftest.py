@@ -1,12 +1,15 @@
-"""Fixtures and helpers shared by test_pipelines.py and test_data_sources.py: tiny classification folders (one
-colour per image, or random texture), a train/val root and its shards, segmentation .npy pairs, all built in
-tmp_path; the ``gpu`` skip marker. pytest finds the fixtures here by itself; the test files import the rest."""
+"""Fixtures and helpers shared by the test files: tiny classification folders (one colour per image, or
+random texture), a train/val root and its shards, segmentation .npy pairs, a prepared segmentation root whose
+masks name their pairs (the torchrun tests), all built in tmp_path; the ``gpu`` skip marker. pytest finds the fixtures here by itself; the test files import the rest."""
+
+import os
 
 import numpy as np
 import pytest
 import torch
 from PIL import Image
 
+from data_processing import make_csv_file_npy
 from make_shards import make_shards
 from pipelines import IMAGENET_MEAN, IMAGENET_STD, classify_iterator, fetch_dali_loader
 
@@ -160,6 +163,26 @@ def seg_image(k):
     return np.stack([mask * 100, np.full_like(mask, 10 * k), np.full_like(mask, 50)], -1).astype(
         np.uint8
     )
+
+
+def id_coded_root(root, count, valid_fraction, grey_step):
+    """A prepared segmentation root of ``count`` 32 x 32 pairs and its split (csv_file/): pair k's
+    mask holds k + 1 foreground pixels, its id as a trainer's Dice and loss see it, and its image
+    the grey level ``grey_step`` x k. Returns each split's ids in the split's order:
+    {"train": [...], "valid": [...]}."""
+    for k in range(count):
+        for kind in ("Images", "Masks"):
+            os.makedirs(root / kind / "1", exist_ok=True)
+        mask = np.zeros((32 * 32, 1), np.uint8)
+        mask[: k + 1] = 1
+        np.save(root / "Masks" / "1" / f"{k}.npy", mask.reshape(32, 32, 1))
+        np.save(root / "Images" / "1" / f"{k}.npy", np.full((32, 32, 3), grey_step * k, np.uint8))
+    make_csv_file_npy(str(root), valid_fraction=valid_fraction, seed=0)
+    ids = {}
+    for split in ("train", "valid"):
+        rows = (root / "csv_file" / f"{split}.csv").read_text().splitlines()[1:]
+        ids[split] = [int(row.split(",")[2].split("/")[-1][:-4]) + 1 for row in rows]
+    return ids
 
 
 @pytest.fixture

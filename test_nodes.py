@@ -18,7 +18,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from data_processing import make_csv_file_npy, make_demo_images
+from conftest import id_coded_root
+from data_processing import make_demo_images
 from make_shards import make_shards
 from outputs import atomic_open
 from test_ddp import CPU_ENV, HERE, TINY_RUN
@@ -202,18 +203,8 @@ def test_segment_on_two_nodes_of_a_pytorchjob_reads_each_pair_once(tmp_path):
     """Pair k's mask has k + 1 foreground pixels: its id; 8 training pairs, 4 validation. The nodes
     are a PyTorchJob's: launch.py finds what torchrun needs in its environment."""
     root = tmp_path / "prepared"
-    for k in range(12):
-        for kind in ("Images", "Masks"):
-            os.makedirs(root / kind / "1", exist_ok=True)
-        mask = np.zeros((32 * 32, 1), np.uint8)
-        mask[: k + 1] = 1
-        np.save(root / "Masks" / "1" / f"{k}.npy", mask.reshape(32, 32, 1))
-        np.save(root / "Images" / "1" / f"{k}.npy", np.full((32, 32, 3), 20 * k, np.uint8))
-    make_csv_file_npy(str(root), valid_fraction=1 / 3, seed=0)
-    expected = {}
-    for split, csv in (("train", "train"), ("val", "valid")):
-        rows = (root / "csv_file" / f"{csv}.csv").read_text().splitlines()[1:]
-        expected[split] = [int(row.split(",")[2].split("/")[-1][:-4]) + 1 for row in rows]
+    ids = id_coded_root(root, 12, valid_fraction=1 / 3, grey_step=20)
+    expected = {"train": ids["train"], "val": ids["valid"]}
     assert (len(expected["train"]), len(expected["val"])) == (8, 4)
     flags = ["--size", "32", "--unet-width", "8", "--batch-size", "2", "--workers", "1"]
     nodes, ranks = spied(

@@ -11,12 +11,11 @@ import subprocess
 import sys
 from types import SimpleNamespace
 
-import numpy as np
 import pytest
 import torch
 from PIL import Image
 
-from data_processing import make_csv_file_npy
+from conftest import id_coded_root
 from make_shards import make_shards
 from test_ddp import CPU_ENV, HERE
 
@@ -196,16 +195,7 @@ def test_classify_resumes_on_another_number_of_processes(tmp_path, layout, sizes
 def test_segment_resumes_on_another_number_of_processes(tmp_path):
     """Pair k's mask has k + 1 foreground pixels: its id; 48 training pairs, 4 validation."""
     root = tmp_path / "prepared"
-    for k in range(52):
-        for kind in ("Images", "Masks"):
-            os.makedirs(root / kind / "1", exist_ok=True)
-        mask = np.zeros((32 * 32, 1), np.uint8)
-        mask[: k + 1] = 1
-        np.save(root / "Masks" / "1" / f"{k}.npy", mask.reshape(32, 32, 1))
-        np.save(root / "Images" / "1" / f"{k}.npy", np.full((32, 32, 3), 4 * k, np.uint8))
-    make_csv_file_npy(str(root), valid_fraction=1 / 13, seed=0)
-    rows = (root / "csv_file" / "train.csv").read_text().splitlines()[1:]
-    expected = [int(row.split(",")[2].split("/")[-1][:-4]) + 1 for row in rows]
+    expected = id_coded_root(root, 52, valid_fraction=1 / 13, grey_step=4)["train"]
     assert len(expected) == N_TRAIN
     flags = ["--data", str(root), *SEGMENT]
     saved, runs = run_in_shapes(tmp_path, "train_segment.py", flags, [2, 3], ["1,2", None])
