@@ -486,14 +486,15 @@ def make_pipelines(args, world, dali_state, cache=None, first_epoch=1):
     return train, val, classes
 
 
-def pipeline_settings(args, world, cache):
-    """What the training and validation pipelines share."""
+def pipeline_settings(args, world, cache, first_epoch=1):
+    """What the training and validation pipelines share; ``first_epoch``: the training pipeline's
+    (its seed, see training.pipeline_seed)."""
     return dict(
         num_threads=args.workers,
         device_id=world.local_rank if args.dali_device == "gpu" else None,
         shard_id=world.rank,
         num_shards=world.size,
-        seed=args.seed + world.rank,
+        seed=training.pipeline_seed(args, world, first_epoch),
         decoder=args.decoder,
         hw_decoder_load=args.hw_decoder_load,
         label_offset=args.label_offset,
@@ -505,10 +506,7 @@ def pipeline_settings(args, world, cache):
 
 def make_train_pipeline(args, world, dali_state, cache=None, first_epoch=1):
     """The training pipeline of make_pipelines."""
-    common = pipeline_settings(args, world, cache)
-    # Pipelines that start with a later epoch (another number of processes took up the run) take
-    # a seed of their own: the seed's would replay the first epoch's order.
-    common["seed"] += (first_epoch - 1) * world.size
+    common = pipeline_settings(args, world, cache, first_epoch)
 
     # Checkpointing the train pipeline (reader position, random states) costs nothing until asked.
     # With --progressive-resize it asks each epoch's crop size by the epoch's index, 0 for its

@@ -715,25 +715,24 @@ def build_loaders(args, world, ckpt, log):
     return loaders
 
 
-def pipeline_settings(args, world):
+def pipeline_settings(args, world, first_epoch=1):
     """What the training and validation pipelines share: shard RANK of WORLD_SIZE, on GPU
-    LOCAL_RANK or the CPU."""
+    LOCAL_RANK or the CPU; ``first_epoch``: the training pipeline's (its seed, see
+    training.pipeline_seed)."""
     return dict(
         num_threads=args.workers,
         device_id=world.local_rank if args.dali_device == "gpu" else None,
         size=(args.size, args.size),
         shard_id=world.rank,
         num_shards=world.size,
-        seed=args.seed + world.rank,
+        seed=training.pipeline_seed(args, world, first_epoch),
     )
 
 
 def train_pipeline(args, world, dali_state, first_epoch, imgs, lbls):
-    """The training pipeline, restored from ``dali_state`` (each process's, or None); one that
-    starts with a later epoch (see training.training_start) takes a seed of its own: the seed's
-    would replay the first epoch's order."""
-    common = pipeline_settings(args, world)
-    common["seed"] += (first_epoch - 1) * world.size
+    """The training pipeline, restored from ``dali_state`` (each process's, or None), starting
+    with ``first_epoch`` (see training.training_start)."""
+    common = pipeline_settings(args, world, first_epoch)
     return SegmentTrainPipeline(
         args.batch_size,
         imgs=imgs,

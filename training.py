@@ -751,6 +751,13 @@ def training_start(ckpt, args, world):
     return ckpt.get("dali"), ckpt.get("first_epoch", 1)
 
 
+def pipeline_seed(args, world, first_epoch=1):
+    """The seed of this process's DALI pipelines: --seed plus its rank. A training pipeline that
+    starts with a later epoch (another number of processes took up the run, see training_start)
+    takes one of its own: the seed's would replay the first epoch's order."""
+    return args.seed + world.rank + (first_epoch - 1) * world.size
+
+
 def pending_rest(loaders):
     """The RestOfEpoch whose epoch is still to train, or None: the loader of the epoch at hand,
     until it ends, in place of the run's own."""
