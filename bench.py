@@ -1542,9 +1542,8 @@ def end_to_end(args, loaders, report):
         model = getattr(torchvision.models, model_name)(weights=None, num_classes=1000)
         model = model.cuda().to(memory_format=torch.channels_last)
         optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-        model = (
-            torch.compile(model) if args.compile else model
-        )  # compiled in the first warm-up step
+        # compiled in the first warm-up step
+        model = torch.compile(model) if args.compile else model
         # the GPU loaders only: CPU-only DALI and the DataLoader fall far short of these models (README)
         for name, make in [("synthetic", synthetic_classify)] + [
             loader
