@@ -90,6 +90,7 @@ def gpu_state(t0, t1):
 def pipeline_for(name, cache=None):
     extra_flags, kwargs = VARIANTS[name]
     a = trainer.parse_args([*BASE, "--decoder-cache", "off" if cache is None else "on", *extra_flags])
+    a.dali_device = args.dali_device  # set by setup_distributed: DALI on the GPU
     original = trainer.ClassifyTrainPipeline
     trainer.ClassifyTrainPipeline = functools.partial(original, **kwargs)
     try:

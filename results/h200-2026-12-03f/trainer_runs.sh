@@ -2,6 +2,7 @@
 # --epochs 4, one run each) for one model: --loader synthetic, DALI without the decoder cache
 # (the defaults, then sweep.py's best variant through patch.py, and synthetic again in its
 # compile mode where that is not the default), DALI with the cache. summary.py's line per run.
+# BEST_ONLY=1: only the best variant's runs.
 #     bash trainer_runs.sh ARCH SWEEP_JSONL OUT_JSONL SECONDS_PER_RUN
 export PYTHONPATH=/tmp/site:. PYTHONUNBUFFERED=1
 D=results/h200-2026-12-03f
@@ -18,12 +19,12 @@ run() {  # NAME "ENV" TRAINER_FLAGS...
 }
 best=$(python3 $D/pick.py $sweep)
 IFS='|' read -r envs flags <<< "$best"
-run synthetic "" --loader synthetic
-run off "" --decoder-cache off
+[ -z "$BEST_ONLY" ] && run synthetic "" --loader synthetic
+[ -z "$BEST_ONLY" ] && run off "" --decoder-cache off
 if [ -n "$best" ]; then
   run off-best "$envs" --decoder-cache off $flags
   case "$flags" in
     *--compile-mode*) run synthetic-mode "" --loader synthetic --compile-mode "${flags##*--compile-mode }" ;;
   esac
 fi
-run on "" --decoder-cache on
+[ -z "$BEST_ONLY" ] && run on "" --decoder-cache on
