@@ -55,15 +55,16 @@ IMAGENET_STD = (0.229 * 255, 0.224 * 255, 0.225 * 255)
 # cores, which decode only the crop's window. DALI's own default: it fed ResNet-18 within a point of
 # the best share on two machines whose CPUs differed. A third fed it three points better where the
 # cores were many and fast, and eleven worse where they were slower: lower it only on such machines
-# (results/README.md). With the decoder cache all of it goes there: a cache refilled after a resume
-# meets each image at another place in its batch, and one decoder decodes it as before.
+# (results/README.md). 0.8 and 0.9 fed a compiled ResNet-18 less. With the decoder cache all of
+# it goes there: a cache refilled after a resume meets each image at another place in its batch,
+# and one decoder decodes it as before.
 DEFAULT_HW_DECODER_LOAD = 0.65
 CACHED_HW_DECODER_LOAD = 1.0
 # Scratch memory the mixed decoder allocates up front for each of its threads, grown where an image
 # needs more: DALI's own defaults. The values of DALI's ResNet-50 example (201 and 134 MB, enough
 # for ImageNet's largest images without a reallocation) held 4.4 GB of pinned host memory in each
 # pipeline at 8 threads, most of a run's; the loader alone ran within a few percent of it either
-# way (results/README.md).
+# way, and fed a compiled ResNet-18 no faster (results/README.md).
 DEVICE_MEMORY_PADDING = 16 << 20
 HOST_MEMORY_PADDING = 8 << 20
 # Batches each .npy reader reads ahead in its own thread (DALI's default is 1): evens out file
