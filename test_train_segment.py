@@ -86,23 +86,12 @@ def test_demo_learns(demo_run):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_demo_learns_on_the_gpu(tmp_path):
     out = str(tmp_path)
-    run(
-        "--data",
-        "demo",
-        "--epochs",
-        "2",
-        "--amp",
-        "bf16",
-        "--channels-last",
-        "--output-dir",
-        out,
-        env=os.environ,
-    )
+    # The demo as a user runs it, all its epochs: on the GPU (kernels that are not deterministic)
+    # two epochs scored from 27 to 76 across runs, while the learning rate is still high.
+    run("--data", "demo", "--amp", "bf16", "--channels-last", "--output-dir", out, env=os.environ)
     epochs = records(out, "epoch")
-    # The best epoch's score, which best.pth keeps: on the GPU (kernels that are not deterministic)
-    # the second epoch's score has fallen below the first epoch's in some runs.
-    assert [e["epoch"] for e in epochs] == [1, 2], epochs
-    assert max(e["val_dice"] for e in epochs) >= 50, epochs
+    assert [e["epoch"] for e in epochs] == [1, 2, 3, 4, 5, 6], epochs
+    assert max(e["val_dice"] for e in epochs) >= 50, epochs  # the best epoch's: best.pth
     ckpt = torch.load(os.path.join(out, "checkpoint.pth"), weights_only=True)
     assert ckpt["args"]["dali_device"] == "gpu" and ckpt["step"] == -(-128 // 8)
 
