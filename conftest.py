@@ -1,6 +1,7 @@
-"""Fixtures and helpers shared by the test files: tiny classification folders (one colour per image, or
-random texture), a train/val root and its shards, segmentation .npy pairs, a prepared segmentation root whose
-masks name their pairs (the torchrun tests), all built in tmp_path; the ``gpu`` skip marker. pytest finds the fixtures here by itself; the test files import the rest."""
+"""Fixtures and helpers shared by the test files: tiny classification folders (one colour per image,
+or random texture), a train/val root and its shards, segmentation .npy pairs, a prepared
+segmentation root whose masks name their pairs (the torchrun tests), all built in tmp_path; the
+``gpu`` skip marker. pytest finds the fixtures here by itself; the test files import the rest."""
 
 import os
 
