@@ -34,6 +34,7 @@ import training  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from patch import resize_filter  # noqa: E402
+from split import SplitDecodePipeline  # noqa: E402
 
 root = sys.argv[1]
 arch = sys.argv[sys.argv.index("--arch") + 1]
@@ -54,6 +55,11 @@ VARIANTS = {  # name: (trainer flags, pipeline keyword arguments)
     "cache": (["--decoder-cache", "on"], {}),
     "cache-linear": (["--decoder-cache", "on"], dict(resize="linear")),
     "cache-fp16": (["--decoder-cache", "on"], dict(dtype="float16")),
+    "split0.3": ([], dict(cpu_share=0.3)),
+    "split0.4": ([], dict(cpu_share=0.4)),
+    "split0.5": ([], dict(cpu_share=0.5)),
+    "split0.4-j14": (["-j", "14"], dict(cpu_share=0.4)),
+    "split0.5-j14": (["-j", "14"], dict(cpu_share=0.5)),
     "pad-example": ([], EXAMPLE_PADDINGS),
     "hw0.5": (["--hw-decoder-load", "0.5"], {}),
     "hw0.8": (["--hw-decoder-load", "0.8"], {}),
@@ -116,7 +122,8 @@ def pipeline_for(name):
     a.dali_device = args.dali_device  # set by setup_distributed: DALI on the GPU
     cache = CACHE_MB if a.decoder_cache == "on" else None
     original = trainer.ClassifyTrainPipeline
-    trainer.ClassifyTrainPipeline = functools.partial(original, **kwargs)
+    cls = SplitDecodePipeline if "cpu_share" in kwargs else original
+    trainer.ClassifyTrainPipeline = functools.partial(cls, **kwargs)
     try:
         with resize_filter(filter_name):
             pipe = trainer.make_train_pipeline(a, world, None, cache)
@@ -147,6 +154,8 @@ def trainer_command(name):
         env["DTYPE"] = kwargs["dtype"]
     if "resize" in kwargs:
         env["RESIZE"] = kwargs["resize"]
+    if "cpu_share" in kwargs:
+        env["SPLIT"] = kwargs["cpu_share"]
     return dict(flags=extra_flags, env=env)
 
 
