@@ -247,16 +247,22 @@ def walk(folder):
         real[root], above = os.path.realpath(root), os.path.dirname(root)
         while above in real:
             if real[above] == real[root]:
-                link = root
-                while not os.path.islink(link):  # a link lies below ``above``, or no loop
-                    link = os.path.dirname(link)
-                raise DataError(
-                    f"{link}: a symlink loop (it leads back to {real[root]}, whose images would "
-                    "count again and again); remove the link"
-                )
+                raise symlink_loop(root, real[root])
             above = os.path.dirname(above)
         found.append((root, names))
     return [os.path.join(root, n) for root, names in sorted(found) for n in sorted(names)]
+
+
+def symlink_loop(root, target):
+    """The DataError of a folder that ``walk`` found to resolve to ``target``, one of its
+    ancestors: it names the link."""
+    link = root
+    while not os.path.islink(link):  # a link lies between the ancestor and ``root``
+        link = os.path.dirname(link)
+    return DataError(
+        f"{link}: a symlink loop (it leads back to {target}, whose images would count again and "
+        "again); remove the link"
+    )
 
 
 def isfile(path):
@@ -415,22 +421,8 @@ class ClassifyReader:
         ra_reps=0,
         ra_seed=0,
     ):
-        self.label_offset, self.data_dir = label_offset, data_dir
+        self.label_offset, self.data_dir, self.ra = label_offset, data_dir, None
         self.layout = "folder" if file_list is not None else find_layout(data_dir)
-        self.ra = ra_reps and functools.partial(
-            RepeatedAugmentation,
-            reps=ra_reps,
-            shard_id=shard_id,
-            num_shards=num_shards,
-            batch_size=batch_size,
-            seed=ra_seed,
-        )
-        if self.ra and self.layout != "folder":
-            raise DataError(
-                f"{data_dir}: --ra-sampler reads ImageFolder trees and file lists, not "
-                f"{self.layout} shards (read one by one from a shuffle buffer); expected one of "
-                "those, or no --ra-sampler"
-            )
         # what the iterator counts an epoch by: the reader's own shard, or the sampler's batches
         self.epoch = dict(reader_name="Reader")
         args = dict(
@@ -446,7 +438,12 @@ class ClassifyReader:
         extra = functools.partial(
             extra_samples, num_shards=num_shards, batch_size=batch_size, training=shuffle
         )
-        if self.layout == "folder":
+        if ra_reps:
+            sampler = dict(shard_id=shard_id, num_shards=num_shards, batch_size=batch_size)
+            ranges = self.ra_reader(
+                data_dir, file_list, classes, reps=ra_reps, seed=ra_seed, **sampler
+            )
+        elif self.layout == "folder":
             ranges = self.folder_reader(data_dir, file_list, classes, extra, args)
         else:
             ranges = self.shard_reader(data_dir, classes, extra, args)
@@ -462,9 +459,9 @@ class ClassifyReader:
                     )
         self.to_int32 = ops.Cast(dtype=types.INT32)
 
-    def folder_reader(self, data_dir, file_list, classes, extra, args):
-        """DALI's file reader over an ImageFolder tree or a file list; (where, lowest, highest)
-        stored label."""
+    def list_folder(self, data_dir, file_list, classes):
+        """The files and labels of an ImageFolder tree or a file list, their heads checked; (where,
+        lowest, highest) stored label."""
         if file_list is None:
             self.files, labels, self.classes = list_image_folder(data_dir, classes)
             ranges = [(data_dir, min(labels), max(labels))]
@@ -476,17 +473,34 @@ class ClassifyReader:
         if not remote(data_dir):  # in object storage, a request per file: DALI reads them unchecked
             check_image_heads(self.files, f"{data_dir}: images checked")
         self.num_samples = len(self.files)
-        if self.ra:
-            self.ra = self.ra(self.files, labels)
-            self.epoch = dict(size=self.ra.steps * self.ra.batch_size)
-            self.reader = ops.ExternalSource(
-                source=self.ra.batch, num_outputs=2, batch=True, batch_info=True
-            )
-            self.read_files = ops.io.file.Read()
-            return ranges
+        return labels, ranges
+
+    def folder_reader(self, data_dir, file_list, classes, extra, args):
+        """DALI's file reader over an ImageFolder tree or a file list; (where, lowest, highest)
+        stored label."""
+        labels, ranges = self.list_folder(data_dir, file_list, classes)
         n = extra(self.num_samples)
         files, labels = self.files + repeats(self.files, n), labels + repeats(labels, n)
         self.reader = ops.readers.File(files=files, labels=labels, **args)
+        self.read_samples = self.reader
+        return ranges
+
+    def ra_reader(self, data_dir, file_list, classes, **sampler):
+        """Repeated augmentation (RepeatedAugmentation) over an ImageFolder tree or a file list."""
+        if self.layout != "folder":
+            raise DataError(
+                f"{data_dir}: --ra-sampler reads ImageFolder trees and file lists, not "
+                f"{self.layout} shards (read one by one from a shuffle buffer); expected one of "
+                "those, or no --ra-sampler"
+            )
+        labels, ranges = self.list_folder(data_dir, file_list, classes)
+        self.ra = RepeatedAugmentation(self.files, labels, **sampler)
+        self.epoch = dict(size=self.ra.steps * self.ra.batch_size)
+        self.reader = ops.ExternalSource(
+            source=self.ra.batch, num_outputs=2, batch=True, batch_info=True
+        )
+        self.read_files = ops.io.file.Read()
+        self.read_samples = self.read_repeated
         return ranges
 
     def shard_reader(self, data_dir, classes, extra, args):
@@ -522,6 +536,7 @@ class ClassifyReader:
             self.reader = ops.readers.TFRecord(
                 path=self.files, index_path=list(indexes), features=TFRECORD_FEATURES, **args
             )
+            self.read_samples = self.read_tfrecord
         else:
             self.reader = ops.readers.Webdataset(
                 paths=self.files,
@@ -533,27 +548,31 @@ class ClassifyReader:
             self.pad_digits = ops.Pad(fill_value=ord("0"), shape=[LABEL_DIGITS])
             self.to_int64 = ops.Cast(dtype=types.INT64)
             self.sum = ops.reductions.Sum(keep_dims=True)
+            self.read_samples = self.read_wds
         return [(shard, *s["labels"]) for shard, s in zip(self.files, summaries)]
 
     def __call__(self):
-        if self.layout == "tfrecord":
-            record = self.reader()
-            images, labels = record["image/encoded"], record["image/class/label"]
-        elif self.layout == "wds":
-            images, text = self.reader()
-            # .cls holds the label in ASCII digits ("103"). Padded on the right with "0" to
-            # LABEL_DIGITS digits it reads as label * 10 ** padding; the division takes that off.
-            digits = self.to_int64(self.pad_digits(text)) - ord("0")
-            place_values = types.Constant(10 ** np.arange(LABEL_DIGITS - 1, -1, -1, dtype=np.int64))
-            labels = self.sum(digits * place_values) // 10 ** (
-                LABEL_DIGITS - text.shape(dtype=types.INT64)
-            )
-        elif self.ra:
-            names, labels = self.reader()
-            images = self.read_files(names)
-        else:
-            images, labels = self.reader()
+        images, labels = self.read_samples()
         return images, self.to_int32(labels - self.label_offset)
+
+    def read_tfrecord(self):
+        record = self.reader()
+        return record["image/encoded"], record["image/class/label"]
+
+    def read_wds(self):
+        images, text = self.reader()
+        # .cls holds the label in ASCII digits ("103"). Padded on the right with "0" to
+        # LABEL_DIGITS digits it reads as label * 10 ** padding; the division takes that off.
+        digits = self.to_int64(self.pad_digits(text)) - ord("0")
+        place_values = types.Constant(10 ** np.arange(LABEL_DIGITS - 1, -1, -1, dtype=np.int64))
+        labels = self.sum(digits * place_values) // 10 ** (
+            LABEL_DIGITS - text.shape(dtype=types.INT64)
+        )
+        return images, labels
+
+    def read_repeated(self):
+        names, labels = self.reader()
+        return self.read_files(names), labels
 
 
 class RepeatedAugmentation:
@@ -1220,28 +1239,34 @@ def plan_decoder_cache(mode, pipes, free_mb):
 @contextlib.contextmanager
 def decode_errors_named(pipe):
     """A DALI error caused by an image of ``pipe``'s that cannot be decoded becomes a ``DataError``
-    naming it."""
+    naming it (name_undecodable)."""
     try:
         yield
     except RuntimeError as e:
-        dali = (str(e).split("encountered:")[-1].strip(" :\n") or "?").splitlines()[
-            0
-        ]  # its words, after its traceback
-        if remote(
-            pipe.read.data_dir
-        ):  # searching for the culprit would read the whole set back through Python
-            changed = find_changed(pipe)
-            raise DataError(
-                f"{changed}: changed or gone since this run listed it (DALI: {dali})"
-                if changed
-                else f"{pipe.read.data_dir}: DALI failed reading this data (DALI: {dali})"
-            ) from None
-        # a file deleted under the run: the search below would stop on it with a traceback
-        if gone := first_gone(pipe.files):
-            raise DataError(f"{gone}: gone since this run listed it (DALI: {dali})") from None
-        culprit = find_undecodable(pipe)
-        if culprit is None:
-            raise
+        name_undecodable(pipe, e)
+        raise
+
+
+def name_undecodable(pipe, error):
+    """A ``DataError`` naming the image of ``pipe``'s behind DALI's ``error``: one that cannot be
+    decoded, or one changed or gone since the run listed it; nothing where none is to blame."""
+    dali = (str(error).split("encountered:")[-1].strip(" :\n") or "?").splitlines()[
+        0
+    ]  # its words, after its traceback
+    if remote(
+        pipe.read.data_dir
+    ):  # searching for the culprit would read the whole set back through Python
+        changed = find_changed(pipe)
+        raise DataError(
+            f"{changed}: changed or gone since this run listed it (DALI: {dali})"
+            if changed
+            else f"{pipe.read.data_dir}: DALI failed reading this data (DALI: {dali})"
+        ) from None
+    # a file deleted under the run: the search below would stop on it with a traceback
+    if gone := first_gone(pipe.files):
+        raise DataError(f"{gone}: gone since this run listed it (DALI: {dali})") from None
+    culprit = find_undecodable(pipe)
+    if culprit is not None:
         raise DataError(
             f"{culprit}: cannot decode this image (DALI: {dali}); remove or replace it"
         ) from None

@@ -296,9 +296,10 @@ def parse(parser, argv, demo_defaults):
         parser.set_defaults(**demo_defaults)
         args = parser.parse_args(argv)
     # The flags the command line sets (a namespace that already holds every flag takes no
-    # default): --evaluate takes the others that shape the model from its checkpoint.
+    # default), each with the default it replaces: a resume takes the others from its checkpoint.
     unset = argparse.Namespace(**{a.dest: None for a in parser._actions})
-    args.given = sorted(k for k, v in vars(parser.parse_args(argv, unset)).items() if v is not None)
+    given = sorted(k for k, v in vars(parser.parse_args(argv, unset)).items() if v is not None)
+    args.given = {k: parser.get_default(k) for k in given}
     if args.data is None and not args.predict:
         parser.error("the following arguments are required: --data/--data-path")
     if args.predict and not (args.resume or args.weights) or args.predict and not args.output_dir:

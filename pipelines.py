@@ -90,9 +90,7 @@ class _ClassifyPipeline(Pipeline):
     Attributes for the trainer: ``layout`` ("folder" for a tree or a file_list, "tfrecord", "wds"),
     ``classes`` (class names in index order, or None when unknown), ``num_classes`` (or None),
     ``num_samples`` (the whole split, all shards), ``files`` (image files or shards, for
-    ``find_undecodable``), ``output_layout``, and ``graph``: the options that decide which operators
-    the graph holds. DALI restores a checkpoint only into the graph it was taken from, so a
-    checkpoint keeps this record and a resume compares it (``training.check_same_graph``).
+    ``find_undecodable``), ``output_layout``.
     """
 
     def __init__(
@@ -109,7 +107,6 @@ class _ClassifyPipeline(Pipeline):
         file_list=None,
         shard_id=0,
         num_shards=1,
-        seed=None,
         label_offset=0,
         num_classes=None,
         classes=None,
@@ -118,35 +115,19 @@ class _ClassifyPipeline(Pipeline):
         host_memory_padding=HOST_MEMORY_PADDING,
         decoder_cache=None,
         decoder="mixed",
-        prefetch_queue_depth=2,
         ra_reps=0,
         ra_seed=0,
         **pipeline_kwargs,
     ):
-        pipeline_kwargs = cpu_concurrency(device_id, pipeline_kwargs)
+        # seed, prefetch_queue_depth and the rest are DALI's Pipeline's own
         super().__init__(
-            batch_size,
-            num_threads,
-            device_id,
-            seed=seed,
-            prefetch_queue_depth=prefetch_queue_depth,
-            **pipeline_kwargs,
+            batch_size, num_threads, device_id, **cpu_concurrency(device_id, pipeline_kwargs)
         )
         # Arguments are checked once the Pipeline exists: a half-built one cannot be cleaned up.
         positive_int("batch_size", batch_size)
         positive_int("crop_size", crop_size)
-        # decoder_cache (MB, on a GPU): whole images decoded once into DALI's GPU cache, where the
-        # next epochs find them; a per-process cache needs each process to keep its shard every
-        # epoch (stick_to_shard).
-        self.cached = device_id is not None and decoder_cache is not None
-        self.decoder_device, self.device = placement(device_id, decoder, self.cached)
-        self.decoder_args = decoder_arguments(
-            self.decoder_device,
-            hw_decoder_load,
-            device_memory_padding,
-            host_memory_padding,
-            decoder_cache if self.cached else None,
-        )
+        paddings = (device_memory_padding, host_memory_padding)
+        self.place_decoder(device_id, decoder, hw_decoder_load, paddings, decoder_cache)
         self.read = ClassifyReader(
             data_dir,
             file_list,
@@ -167,7 +148,20 @@ class _ClassifyPipeline(Pipeline):
         self.num_shards = num_shards
         self.output_layout = choice("output_layout", output_layout, {"CHW": "CHW", "HWC": "HWC"})
         self.dtype = choice("dtype", dtype, {"float32": types.FLOAT, "float16": types.FLOAT16})
-        self.graph = dict(dali_device=self.device, decoder=decoder, ra_reps=ra_reps)
+
+    def place_decoder(self, device_id, decoder, hw_decoder_load, paddings, decoder_cache):
+        """Where the decoder and the operators after it run, and the decoder's arguments.
+        ``decoder_cache`` (MB, on a GPU): whole images decoded once into DALI's GPU cache, where
+        the next epochs find them; a per-process cache needs each process to keep its shard every
+        epoch (stick_to_shard)."""
+        self.cached = device_id is not None and decoder_cache is not None
+        self.decoder_device, self.device = placement(device_id, decoder, self.cached)
+        self.decoder_args = decoder_arguments(
+            self.decoder_device,
+            hw_decoder_load,
+            *paddings,
+            decoder_cache if self.cached else None,
+        )
 
     def decoded(self, jpegs):
         """``jpegs`` decoded, on the device of the operators after the decoder."""
@@ -248,7 +242,7 @@ class ClassifyTrainPipeline(_ClassifyPipeline):
         value_range("random_area", random_area, high=1.0)
         value_range("random_aspect_ratio", random_aspect_ratio)
         self.crop_sizes = crop_sizes
-        self.graph.update(
+        self.graph = dict(  # the options that decide which steps define_graph wires
             auto_augment=auto_augment,
             random_erase=bool(random_erase),
             progressive_resize=crop_sizes is not None,
@@ -320,7 +314,8 @@ class ClassifyTrainPipeline(_ClassifyPipeline):
             self.resize = antialiased_resize(self.device_id, self.num_threads, size)
 
     def build_auto_augment(self, name, crop_size):
-        self.policy, self.crop_size = choice("auto_augment", name, AUTO_AUGMENT), crop_size
+        policy = choice("auto_augment", name, AUTO_AUGMENT)
+        self.policy, self.crop_size = without_dali_alias_warnings(policy), crop_size
         # torchvision's order: flip, then the policy, on uint8 HWC images (the CPU resize gives
         # CHW).
         self.flip_op = ops.Flip(device=self.device)
@@ -569,9 +564,9 @@ class SegmentValPipeline(_SegmentImagePipeline):
                     f"finite everywhere"
                 )
         self.channels = image[0][2] if len(image[0]) == 3 else 1
+        self.files = list(imgs) + list(lbls)  # what it reads, the images first
         self.on_gpu = device_id is not None
         self.own_size_masks = own_size_masks
-        self.graph = dict(dali_device="gpu" if self.on_gpu else "cpu")
         self.build_readers(imgs, lbls, batch_size, shard_id, num_shards, seed)
         self.build_mask_ops(mask, self.size)
         # One pool for a CPU-only pipeline's torch code (its resize, the training noise); threads
@@ -701,7 +696,7 @@ class SegmentTrainPipeline(SegmentValPipeline):
         value_range("blur_sigma", blur_sigma)
         value_range("brightness", brightness)
         value_range("contrast", contrast)
-        self.graph.update(scale_range=scale_range is not None)
+        self.graph = dict(scale_range=scale_range is not None)  # which steps define_graph wires
         device = "gpu" if self.on_gpu else "cpu"
         # (vertical, horizontal)
         self.flip_coins = ops.random.CoinFlip(probability=flip_p, shape=[2])
@@ -1038,18 +1033,15 @@ def without_dali_alias_warnings(policy):
     return build
 
 
-@without_dali_alias_warnings
 def trivial_augment_wide(crop_size, images):
     return trivial_augment.trivial_augment_wide(images, **TORCHVISION_WARP)
 
 
-@without_dali_alias_warnings
 def rand_augment_2_9(crop_size, images):
     shape = dict(shape=(crop_size, crop_size), max_translate_rel=150 / 331)
     return rand_augment.rand_augment(images, n=2, m=9, **shape, **TORCHVISION_WARP)
 
 
-@without_dali_alias_warnings
 def imagenet_auto_augment(crop_size, images):
     return auto_augment.apply_auto_augment(
         torchvision_imagenet_policy(), images, **TORCHVISION_WARP

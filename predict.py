@@ -9,15 +9,10 @@ import os
 import torch.distributed as dist
 from PIL import Image
 
+import resume
 from data_sources import walk
 from outputs import atomic_open
-from training import (
-    UsageError,
-    checkpoint_to_resume,
-    evaluate_as_trained,
-    named_as,
-    read_weights,
-)
+from training import UsageError, named_as, read_weights
 
 # What --predict reads: PNG and JPEG files, known by their extension (any case).
 PREDICT_EXTENSIONS = (".png", ".jpg", ".jpeg")
@@ -26,10 +21,10 @@ PREDICT_EXTENSIONS = (".png", ".jpg", ".jpeg")
 PREDICT_MAX_PIXELS = 5000 * 5000
 
 
-def checkpoint_to_predict(args, as_trained):
-    """--predict's model: --resume's checkpoint (see checkpoint_to_resume), or --weights' file: a
-    checkpoint of the trainer's (the flags in ``as_trained`` then its run's unless given) or a
-    bare state dict (the flags as given), as {"model": state dict}."""
+def checkpoint_to_predict(args, world):
+    """--predict's model: --resume's checkpoint (see resume.load), or --weights' file: a
+    checkpoint of the trainer's (its run's model flags then taken, as from --resume) or a bare state
+    dict (the flags as given), as {"model": state dict}."""
     if args.resume == "auto" and not os.path.isfile(
         os.path.join(args.output_dir, "checkpoint.pth")
     ):
@@ -38,7 +33,7 @@ def checkpoint_to_predict(args, as_trained):
             "pass --resume CHECKPOINT"
         )
     if args.resume:
-        return checkpoint_to_resume(args, as_trained)
+        return resume.load(args, world)
     try:
         ckpt = read_weights(args.weights)
     except Exception as e:
@@ -47,7 +42,7 @@ def checkpoint_to_predict(args, as_trained):
             f"--weights {args.weights}: not a weights file (a state dict or a checkpoint; {why})"
         ) from None
     if isinstance(ckpt, dict) and isinstance(ckpt.get("args"), dict) and "model" in ckpt:
-        evaluate_as_trained(args, ckpt["args"], as_trained)
+        resume.take_run_flags(args, ckpt, world, args.weights, scoring=True)
         return ckpt
     return {"model": ckpt}
 

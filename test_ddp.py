@@ -608,3 +608,80 @@ def test_a_stop_signal_during_validation_stops_it_and_saves_the_epoch(tmp_path):
         records = list(map(json.loads, f))
     assert [(r["epoch"], r["step"]) for r in records if r["type"] == "resume"] == [(2, 0)]
     assert [r["epoch"] for r in records if r["type"] == "epoch"] == [2]
+
+
+# Runs a trainer (argv[1]), unchanged, with a stop signal that lands while the first epoch's last
+# validation batches run: under torchrun rank 0 sends SIGTERM to the launcher (which passes it on
+# to every rank) as the last batch is handed out, once every rank is there, and every rank waits
+# until it has it; a process
+# alone sends it to itself once that batch's check has passed. Either way only the epoch's end
+# sees it.
+STOP_AT_VALIDATION_END = """
+import os, runpy, signal, sys, time
+sys.path.insert(0, {here!r})
+import torch
+import training
+stoppable = training.StepLog.stoppable
+last, torchrun = int(os.environ["LAST_VAL_BATCH"]), "RANK" in os.environ
+
+def counted(self, batches):
+    for k, batch in enumerate(batches, 1):
+        if self.epoch_no == 1 and k == last and torchrun:
+            torch.distributed.barrier()  # every rank has agreed on the batch before
+            if os.environ["RANK"] == "0":
+                os.kill(os.getppid(), signal.SIGTERM)
+            while not self.stop.signum:
+                time.sleep(0.01)
+        yield batch
+    if self.epoch_no == 1 and not torchrun:
+        os.kill(os.getpid(), signal.SIGTERM)
+
+def signal_at_the_end(self, batches):
+    yield from stoppable(self, counted(self, batches))
+
+training.StepLog.stoppable = signal_at_the_end
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+@pytest.mark.parametrize("nproc", [1, 2])
+def test_a_stop_signal_in_the_last_validation_batches_stops_at_the_epochs_end(tmp_path, nproc):
+    """A signal that only the epoch's end sees (it lands after validation's last check, or in its
+    last batch under torchrun, whose processes agree a step later): every process exits with 128 +
+    the signal and one line, the epoch's checkpoint is saved, and a resume goes on with the next
+    epoch."""
+    two_class_folder(tmp_path / "data", train=32, val=16)
+    script = tmp_path / "stop_at_validation_end.py"
+    script.write_text(STOP_AT_VALIDATION_END.format(here=HERE))
+    out, trainer = tmp_path / "out", os.path.join(HERE, "train_classify.py")
+    flags = ["--data", str(tmp_path / "data"), *TINY_RUN, "--epochs", "2", "--output-dir", str(out)]
+    launch = [sys.executable]
+    if nproc > 1:
+        launch += [os.path.join(HERE, "launch.py"), "--standalone", f"--nproc_per_node={nproc}"]
+    env = {**CPU_ENV, "LAST_VAL_BATCH": str(16 // nproc // BATCH)}
+    run = functools.partial(
+        subprocess.run, cwd=HERE, capture_output=True, text=True, timeout=600, env=env
+    )
+    stopped = run([*launch, str(script), trainer, *flags])
+    steps = 32 // nproc // BATCH
+    assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr[-3000:]
+    assert "Traceback" not in stopped.stderr, stopped.stderr[-3000:]
+    path = out / "checkpoint.pth"
+    assert (
+        stopped.stderr.count(
+            f"stopped by SIGTERM at epoch 1 step {steps}: saved {path}; to continue, run the same "
+            f"command with --resume {path}"
+        )
+        == 1
+    ), stopped.stderr[-3000:]
+    ckpt = torch.load(path, weights_only=True)
+    assert (ckpt["epoch"], ckpt["step"], ckpt["world_size"]) == (1, steps, nproc)
+    with open(out / "metrics.jsonl") as f:
+        assert [r["epoch"] for r in map(json.loads, f) if r["type"] == "epoch"] == [1]
+    resumed = run([*launch, trainer, *flags, "--resume", "auto"])
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    with open(out / "metrics.jsonl") as f:
+        records = list(map(json.loads, f))
+    assert [(r["epoch"], r["step"]) for r in records if r["type"] == "resume"] == [(2, 0)]
+    assert [r["epoch"] for r in records if r["type"] == "epoch"] == [1, 2]

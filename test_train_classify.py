@@ -23,6 +23,7 @@ import torchvision
 from PIL import Image
 
 import predict
+import resume
 import train_classify
 import training
 from conftest import DELETE_AT_FIRST_SAVE
@@ -238,7 +239,7 @@ def test_compile_is_on_where_the_model_is_on_cuda_and_no_compile_turns_it_off(ca
         (["--compile-mode", "max-autotune"], True),
     ):
         args = train_classify.parse_args(["--data", "x", "--device", "cpu", *flags])
-        training.setup_distributed(args)
+        training.setup(args)
         assert args.compile is compiled, flags
     with pytest.raises(SystemExit) as e:
         train_classify.parse_args(["--data", "x", "--no-compile", "--compile-mode", "default"])
@@ -251,7 +252,7 @@ def test_compile_is_on_where_the_model_is_on_cuda_and_no_compile_turns_it_off(ca
 @gpu
 def test_a_gpu_run_compiles_by_default():
     args = train_classify.parse_args(["--data", "x"])
-    training.setup_distributed(args)
+    training.setup(args)
     assert args.compile is True
 
 
@@ -529,9 +530,9 @@ def test_progressive_resize_grows_the_training_crop_each_epoch(tmp_path):
 def test_the_synthetic_loader_follows_the_progressive_sizes(tmp_path):
     args = train_classify.parse_args(["--data", "x", *TINY, *PROGRESSIVE, "--loader", "synthetic"])
     world = SimpleNamespace(device=torch.device("cpu"))
-    loaders = SimpleNamespace(steps=3, num_classes=2)
+    data = SimpleNamespace(steps=3, classes=["a", "b"])
     for epoch, size in ((1, 32), (2, 64), (3, 96), (4, 96)):
-        batches = train_classify.train_batches(args, world, loaders, None, epoch, first_step=1)
+        batches = train_classify.train_batches(args, world, data, epoch, first_step=1)
         assert len(batches) == 2 and batches[0][0].shape == (args.batch_size, 3, size, size)
 
 
@@ -573,21 +574,70 @@ def test_resume_turning_progressive_resize_on_is_refused(tmp_path):
     assert_one_line_error(proc, f"--resume {path}: its run had no --progressive-resize")
 
 
+def test_a_resume_takes_its_runs_flags_and_refuses_other_values_given(tmp_path):
+    """A resume is its run continued: --wd, --momentum and --label-smoothing left out are its
+    run's, said in one line; given with other values, each is refused in one line and the folder
+    stays as it was. A flag that a checkpoint predates was its default in that run."""
+    root, out = tiny_imagefolder(str(tmp_path / "d")), str(tmp_path / "o")
+    tiny_run(root, out, "--wd", "0.001", "--momentum", "0.8", "--label-smoothing", "0.1")
+    path = os.path.join(out, "checkpoint.pth")
+    before = folder_bytes(out)
+    for flag, value, had in (
+        ("--wd", "0.01", "0.001"),
+        ("--momentum", "0.5", "0.8"),
+        ("--label-smoothing", "0.2", "0.1"),
+    ):
+        proc = tiny_run(root, out, "--epochs", "2", "--resume", path, flag, value, check=False)
+        assert_one_line_error(
+            proc,
+            f"--resume {path}: taken with {flag} {had}, this run has {value}; resume with the "
+            f"same, or --weights it",
+        )
+        assert folder_bytes(out) == before
+    proc = tiny_run(root, out, "--epochs", "2", "--resume", path)
+    told = f"--resume: --momentum 0.8 --wd 0.001 --label-smoothing 0.1, as in {path}"
+    assert told in proc.stdout.splitlines()
+    saved = torch.load(path, weights_only=True)
+    assert (saved["args"]["wd"], saved["args"]["momentum"]) == (0.001, 0.8)
+    assert saved["args"]["label_smoothing"] == 0.1
+    group = saved["optimizer"]["param_groups"][0]
+    assert (group["weight_decay"], group["momentum"]) == (0.001, 0.8)
+    del saved["args"]["label_smoothing"]  # as a checkpoint written before the flag was
+    torch.save(saved, path)
+    proc = tiny_run(
+        root, out, "--epochs", "3", "--resume", path, "--label-smoothing", "0.1", check=False
+    )
+    assert_one_line_error(
+        proc, f"--resume {path}: taken with --label-smoothing off, this run has 0.1"
+    )
+    tiny_run(root, out, "--epochs", "3", "--resume", path)
+    assert records(out, "config")[-1]["args"]["label_smoothing"] == 0.0
+    assert [e["epoch"] for e in records(out, "epoch")] == [1, 2, 3]
+
+
 @pytest.mark.parametrize(
     "first,then,told",
     [
-        (["--auto-augment", "ta_wide"], [], "--auto-augment ta_wide, this run has off"),
+        (
+            ["--auto-augment", "ta_wide"],
+            ["--auto-augment", "ra"],
+            "--auto-augment ta_wide, this run has ra",
+        ),
         ([], ["--random-erase", "0.25"], "--random-erase off, this run has 0.25"),
-        (["--decoder", "cpu"], [], "--decoder cpu, this run has mixed"),
+        (["--decoder", "cpu"], ["--decoder", "mixed"], "--decoder cpu, this run has mixed"),
     ],
 )
 def test_resume_with_another_pipeline_graph_is_refused(tmp_path, first, then, told):
-    # DALI's own error would be a stack trace: the executor does not recognise an operator
+    # DALI's own error would be a stack trace: the executor does not recognise an operator. A flag
+    # left out is its run's: the resume goes on with it.
     root, out = tiny_imagefolder(str(tmp_path / "d")), str(tmp_path / "o")
     tiny_run(root, out, *first)
     path = os.path.join(out, "checkpoint.pth")
     proc = tiny_run(root, out, *then, "--epochs", "2", "--resume", path, check=False)
     assert_one_line_error(proc, f"--resume {path}: taken with {told}; resume with the same")
+    if first:
+        proc = tiny_run(root, out, "--epochs", "2", "--resume", path)
+        assert f"--resume: {' '.join(first)}, as in {path}" in proc.stdout.splitlines()
 
 
 @gpu
@@ -596,8 +646,8 @@ def test_gpu_checkpoint_resumed_with_dali_on_the_cpu_is_refused_in_one_line(tmp_
     root, out = tiny_imagefolder(str(tmp_path / "d")), str(tmp_path / "o")
     tiny_run(root, out, "--device", "cuda", "--dali-device", "gpu", env=os.environ)
     path = os.path.join(out, "checkpoint.pth")
-    graph = torch.load(path, weights_only=True)["graph"]
-    assert (graph["dali_device"], graph["decoder"]) == ("gpu", "mixed")
+    saved = torch.load(path, weights_only=True)["args"]
+    assert (saved["dali_device"], saved["decoder"]) == ("gpu", "mixed")
     flags = ("--device", "cuda", "--dali-device", "cpu", "--epochs", "2", "--resume", path)
     proc = tiny_run(root, out, *flags, check=False, env=os.environ)
     assert_one_line_error(proc, f"--resume {path}: taken with --dali-device gpu, this run has cpu")
@@ -750,13 +800,13 @@ def test_a_log_edited_by_hand_or_linked_elsewhere_resumes_and_keeps_its_lines(tm
 @pytest.mark.parametrize("loss_sum", ["x", None, [0.5, 0.5], [math.nan], [True], ["0.5"]])
 def test_a_mid_epoch_checkpoint_with_bad_loss_sums_is_refused_in_one_line(loss_sum):
     with pytest.raises(training.UsageError) as refused:
-        training.resumed_loss_sum(
+        resume.resumed_loss_sum(
             {"loss_sum": loss_sum}, argparse.Namespace(resume="c.pth"), ONE_CPU_PROCESS
         )
     assert str(refused.value).startswith("--resume c.pth: its loss_sum is not 1 finite number(s)")
-    assert training.resumed_loss_sum({"loss_sum": [0.5]}, None, ONE_CPU_PROCESS) == 0.5
+    assert resume.resumed_loss_sum({"loss_sum": [0.5]}, None, ONE_CPU_PROCESS) == 0.5
     assert (
-        training.resumed_loss_sum({}, None, ONE_CPU_PROCESS) == 0.0
+        resume.resumed_loss_sum({}, None, ONE_CPU_PROCESS) == 0.0
     )  # a checkpoint older than the sums
 
 
@@ -1295,7 +1345,7 @@ def test_error_resume_of_another_arch(demo_run):
         "--evaluate",
         check=False,
     )
-    assert_one_line_error(proc, "--arch resnet18", "not --arch resnet34")
+    assert_one_line_error(proc, "--arch resnet18", "this run has resnet34")
 
 
 def test_error_resume_on_other_classes(demo_run, tmp_path):
@@ -1572,7 +1622,7 @@ def test_torchvision_device_determinism_and_dist_url_flags_parse_and_set_up(caps
     assert e.value.code == 2 and capsys.readouterr().err.startswith("error: --dali-device gpu")
     # --device cpu: the model and DALI on the CPU, a GPU or not; torch's deterministic kernels
     try:
-        world = training.setup_distributed(args)
+        world = training.setup(args)
         assert world.device == torch.device("cpu") and args.dali_device == "cpu"
         assert torch.are_deterministic_algorithms_enabled()
     finally:
@@ -1821,7 +1871,9 @@ def test_weights_in_lightnings_and_timms_layouts_load_every_tensor(tmp_path):
             assert torch.equal(tensor, source[key]), (layout, key)
         # --predict --weights FILE: the same layouts, every tensor
         model = torchvision.models.resnet18(num_classes=2)
-        ckpt = predict.checkpoint_to_predict(SimpleNamespace(resume="", weights=path), ())
+        ckpt = predict.checkpoint_to_predict(
+            SimpleNamespace(resume="", weights=path), ONE_CPU_PROCESS
+        )
         predict.load_to_predict(model, ckpt, args, ONE_CPU_PROCESS)
         assert all(torch.equal(t, source[k]) for k, t in model.state_dict().items()), layout
     # another model's weights in those layouts fit no tensor: still refused
@@ -2072,12 +2124,15 @@ def test_ra_sampler_runs_torchvisions_steps_and_validates_every_sample_once(tmp_
     assert sum(seen) == val.num_samples == 260  # each validation sample once
     refused = tiny_run(root, out + "2", "--ra-reps", "4", check=False)
     assert_one_line_error(refused, "--ra-reps 4: needs --ra-sampler")
-    # the sampler is a source of its own in the graph: a resume without it is refused in one line
+    # the sampler is a source of its own in the graph: a resume with other copies is refused in
+    # one line; one without the flags goes on with its run's
     path = os.path.join(out, "checkpoint.pth")
-    refused = tiny_run(
-        root, out, "--batch-size", "48", "--epochs", "2", "--resume", path, check=False
-    )
-    assert_one_line_error(refused, f"--resume {path}: taken with --ra-reps 4, this run has off")
+    flags = ("--batch-size", "48", "--epochs", "2", "--resume", path)
+    refused = tiny_run(root, out, *flags, "--ra-sampler", "--ra-reps", "3", check=False)
+    assert_one_line_error(refused, f"--resume {path}: taken with --ra-reps 4, this run has 3")
+    resumed = tiny_run(root, out, *flags)
+    assert f"--resume: --ra-sampler --ra-reps 4, as in {path}" in resumed.stdout.splitlines()
+    assert {r["steps"] for r in records(out, "train")} == {6}
 
 
 @pytest.mark.parametrize("reps", ["0", "17", "256"])

@@ -364,11 +364,32 @@ def test_a_refused_resume_leaves_the_run_folder_as_it_was(tmp_path):
     assert [e["epoch"] for e in records(out, "epoch")] == [1, 2]
 
 
+def test_a_resume_takes_its_runs_flags_and_refuses_other_values_given(tmp_path):
+    """--wd and --class-weights left out at a resume are its run's; given otherwise, refused."""
+    root, out = prepared_root(str(tmp_path / "p")), str(tmp_path / "o")
+    assert tiny(root, "--wd", "0.001", "--class-weights", "1,3", out=out).returncode == 0
+    path = os.path.join(out, "checkpoint.pth")
+    proc = tiny(root, "--epochs", "2", "--resume", path, "--wd", "0.01", out=out)
+    assert_one_line_error(proc, f"--resume {path}: taken with --wd 0.001, this run has 0.01")
+    proc = tiny(root, "--epochs", "2", "--resume", path, "--class-weights", "1,2", out=out)
+    assert_one_line_error(proc, f"--resume {path}: its run had --class-weights; resume with")
+    proc = tiny(root, "--epochs", "2", "--resume", path, out=out)
+    assert proc.returncode == 0, proc.stderr
+    told = f"--resume: --class-weights 1.0 3.0 --wd 0.001, as in {path}"
+    assert told in proc.stdout.splitlines()
+    saved = torch.load(path, weights_only=True)["args"]
+    assert (saved["wd"], saved["class_weights"]) == (0.001, [1.0, 3.0])
+
+
 @pytest.mark.parametrize(
     "first,then,told",
     [
         ([], ["--scale-range", "0.5", "2.0"], "its run had no --scale-range"),
-        (["--scale-range", "0.5", "2.0"], [], "its run had --scale-range"),
+        (
+            ["--scale-range", "0.5", "2.0"],
+            ["--scale-range", "0.5", "1.5"],
+            "its run had --scale-range",
+        ),
     ],
 )
 def test_resume_with_another_pipeline_graph_is_refused(tmp_path, first, then, told):
@@ -377,10 +398,8 @@ def test_resume_with_another_pipeline_graph_is_refused(tmp_path, first, then, to
     root, out = prepared_root(str(tmp_path / "p")), str(tmp_path / "o")
     assert tiny(root, *first, out=out).returncode == 0
     path = os.path.join(out, "checkpoint.pth")
-    assert torch.load(path, weights_only=True)["graph"] == {
-        "dali_device": "cpu",
-        "scale_range": bool(first),
-    }
+    saved = torch.load(path, weights_only=True)["args"]
+    assert (saved["dali_device"], saved["scale_range"]) == ("cpu", [0.5, 2.0] if first else None)
     proc = tiny(root, *then, "--epochs", "2", "--resume", path, out=out)
     assert_one_line_error(proc, f"--resume {path}: {told}; resume with it as it was")
     assert [e["epoch"] for e in records(out, "epoch")] == [1]  # nothing of the run was changed

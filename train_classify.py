@@ -23,15 +23,12 @@ import difflib
 import functools
 import os
 import time
-from types import SimpleNamespace
 
 import flags
 
 RUNS_DIR = "runs/classify"
 DEMO_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), ".cache", "demo-classify-v2")
 # --data demo: a small, quick run; flags given on the command line still win.
-# What --evaluate takes from its checkpoint unless given: the model, and how its run validated.
-EVALUATE_AS_TRAINED = ("arch", "num_classes", "label_offset", "val_resize_size", "val_crop_size")
 # --ra-reps: at most this many copies of an image an epoch (see its flag)
 MAX_RA_REPS = 16
 DEMO_DEFAULTS = dict(
@@ -163,9 +160,11 @@ def parse_args(argv=None):
     """The flags, with --data demo's defaults where it is given, and the rules that tie them."""
     parser = get_args_parser()
     args = flags.parse(parser, argv, DEMO_DEFAULTS)
+    if args.data == "demo":
+        args.data = DEMO_DIR  # locate_data builds it
     if args.crop_size:
         args.train_crop_size = args.val_crop_size = args.crop_size
-        args.given += ["train_crop_size", "val_crop_size"]
+        args.given.update({k: parser.get_default(k) for k in ("train_crop_size", "val_crop_size")})
     if "ra_reps" in args.given and not args.ra_sampler:
         parser.error(f"--ra-reps {args.ra_reps}: needs --ra-sampler, whose copies it counts")
     if args.progressive_resize:
@@ -193,6 +192,7 @@ import torch.distributed as dist
 import torchvision
 from torchvision.transforms import v2
 
+import resume
 import training
 from data_sources import (
     check_unchanged,
@@ -200,6 +200,7 @@ from data_sources import (
     decode_errors_named,
     isdir,
     plan_decoder_cache,
+    remote,
     watch,
 )
 from pipelines import ClassifyTrainPipeline, ClassifyValPipeline, classify_iterator
@@ -210,7 +211,7 @@ from predict import (
     refuse_overwrite,
     written,
 )
-from training import UsageError
+from training import RunData, UsageError
 
 
 def train_crop_size(args, epoch):
@@ -304,13 +305,15 @@ def evaluate(model, batches, args, device):
     return {"val_top1": 100 * correct1 / count, "val_top5": 100 * correct5 / count}
 
 
-def validate(state, loaders, args, device, step_log):
+def validate(state, data, args, world, step_log):
     """(the epoch's validation record, its log line) for the model and its EMA."""
     model, model_ema = state["model"], state["model_ema"]
-    metrics = evaluate(model, step_log.stoppable(loaders.val_batches()), args, device)
+    batches = step_log.stoppable(val_batches(data, world))
+    metrics = evaluate(model, batches, args, world.device)
     record, line = metrics, describe(metrics)
     if model_ema is not None:
-        ema_metrics = evaluate(model_ema, step_log.stoppable(loaders.val_batches()), args, device)
+        batches = step_log.stoppable(val_batches(data, world))
+        ema_metrics = evaluate(model_ema, batches, args, world.device)
         record = {**record, **{f"ema_{k}": v for k, v in ema_metrics.items()}}
         line += f"  EMA {describe(ema_metrics)}"
     return record, line
@@ -321,66 +324,71 @@ def describe(metrics):
 
 
 def main(args):
-    world = training.setup_distributed(args)  # torchrun's ranks; this process's device
+    world = training.setup(args)  # torchrun's ranks; this process's device
     if args.predict:  # the trained model on new images: no --data, no run folder
         return predict(args, world)
-    ckpt = training.checkpoint_to_resume(args, EVALUATE_AS_TRAINED)  # --resume's, or auto's
+    ckpt = resume.load(args, world) if args.resume else None  # a resume takes its run's flags
     check_arch(args)  # before the run folder is made, or the demo set built
     locate_data(args, world)  # builds the demo set, or checks --data
-    log = training.open_run(args, world, ckpt, RUNS_DIR)  # the run folder, locked, and its log
-    loaders = build_loaders(args, world, ckpt, log)  # DALI pipelines over this process's shard
+    log = training.open_run(args, world, RUNS_DIR)  # the run folder, locked, and its log
+    data, cache = build_loaders(args, world, ckpt, log)  # DALI pipelines over this process's shard
     torch.manual_seed(args.seed)  # the model's first weights
     model, state = training.prepare_model(
-        make_model(args, loaders.num_classes), args, world, loaders.steps, log
+        make_model(args, len(data.classes)), args, world, data.steps, log
     )
     criterion = torch.nn.CrossEntropyLoss(label_smoothing=args.label_smoothing)
-    mixup_cutmix = get_mixup_cutmix(args, loaders.num_classes)
-    start_epoch, first_step, best, loss_sum = training.resume(
-        ckpt, args, world, state, loaders.steps, log
-    )
+    mixup_cutmix = get_mixup_cutmix(args, len(data.classes))
+    start = training.Start()  # a new run's first step, or its checkpoint's next
+    if ckpt:
+        build = functools.partial(train_loader, cache=ckpt.get("decoder_cache"))
+        start = resume.restore(ckpt, args, world, state, data, log, build)
     log.begin()  # every check has passed: from here the run folder changes
-    model_without_ddp, model_ema = state["model"], state["model_ema"]
-
     if args.evaluate:
-        scored = model_ema if model_ema is not None else model_without_ddp
-        metrics = evaluate(scored, loaders.val_batches(), args, world.device)
-        ema = " (EMA)" if model_ema is not None else ""
-        log(
-            {"type": "eval", **metrics, "ema": model_ema is not None},
-            f"Test{ema}: {describe(metrics)}",
-        )
-        return
+        return score(state, data, args, world, log)
+
     checkpoints = training.Checkpoints(
-        log, state, loaders, args, world, best, decoder_cache=loaders.decoder_cache
+        log, state, data, args, world, start.best, decoder_cache=cache
     )
     stop = training.StopSignals(world)  # from here SIGTERM, SIGUSR1 and the others stop the run
-    step_log = training.StepLog(
-        args, world, log, checkpoints, stop, loaders.steps, state["optimizer"]
-    )
-
-    for epoch in range(start_epoch, args.epochs + 1):
-        start = time.perf_counter()
+    step_log = training.StepLog(args, world, log, checkpoints, stop, data.steps, state["optimizer"])
+    first_step, loss_sum = start.step, start.loss_sum
+    for epoch in range(start.epoch, args.epochs + 1):
+        begun = time.perf_counter()
         # The first epoch reads validation too, a batch a step: a bad file shows at once, yet
         # step 1 waits for none.
-        val_beside = loaders.val_batches() if epoch == start_epoch else ()
-        batches = training.alongside(loaders.train_batches(epoch, first_step), val_beside)
+        val_beside = val_batches(data, world) if epoch == start.epoch else ()
+        batches = training.alongside(
+            train_batches(args, world, data, epoch, first_step), val_beside
+        )
         crop = train_crop_size(args, epoch) if args.progressive_resize else None
         steps = step_log.epoch(batches, epoch, first_step, loss_sum, crop_size=crop)
         train_loss = train_one_epoch(
             model, criterion, state, steps, step_log, epoch, args, mixup_cutmix
         )
         first_step, loss_sum = 0, 0.0
-        training.sync_buffers(model_without_ddp, model_ema)
-        metrics, line = validate(state, loaders, args, world.device, step_log)
-        if args.progressive_resize:
-            metrics["train_crop_size"] = train_crop_size(args, epoch)
-        if world.main:  # an s3:// object replaced under the run: stop before the epoch is saved
-            check_unchanged(loaders.watched)
-        path = checkpoints.save(epoch, loaders.steps, score=metrics["val_top1"])
-        log.epoch_end(epoch, loaders.steps, train_loss, metrics, line, time.perf_counter() - start)
-        if signum := stop.agree()[0]:
-            training.StopSignals.exit(signum, path, epoch, loaders.steps)
+        if world.distributed:
+            training.sync_buffers(state["model"], state["model_ema"])
+        metrics, line = validate(state, data, args, world, step_log)
+        if crop:
+            metrics["train_crop_size"] = crop
+        if data.watched:  # an s3:// object replaced under the run: stop before the epoch is saved
+            check_unchanged(data.watched)
+        path = checkpoints.save(epoch, data.steps, score=metrics["val_top1"])
+        log.epoch_end(epoch, data.steps, train_loss, metrics, line, time.perf_counter() - begun)
+        if signum := stop.agree()[0]:  # a signal during the epoch's last validation batches
+            stop.exit(signum, path, epoch, data.steps)
     log.close("val_top1", checkpoints.best)
+
+
+def score(state, data, args, world, log):
+    """--evaluate: the checkpoint's model (with --model-ema, its EMA) on the validation set."""
+    ema = state["model_ema"]
+    scored = ema if ema is not None else state["model"]
+    metrics = evaluate(scored, val_batches(data, world), args, world.device)
+    log(
+        {"type": "eval", **metrics, "ema": ema is not None},
+        f"Test{' (EMA)' if ema is not None else ''}: {describe(metrics)}",
+    )
 
 
 # ------------------------------------------------------------------------------------------
@@ -394,7 +402,7 @@ def predict(args, world):
     DIR, then its top-5 classes (the checkpoint's names), each with its probability, most likely
     first; the images transformed as validation's. Under torchrun each process predicts its share
     and the main one writes the file."""
-    ckpt = checkpoint_to_predict(args, EVALUATE_AS_TRAINED)
+    ckpt = checkpoint_to_predict(args, world)
     files = images_to_predict(args, world, writes_images=False)  # a CSV file, no image
     path = os.path.join(args.output_dir, "predictions.csv")
     refuse_overwrite(args, [(path, args.predict)])
@@ -444,16 +452,14 @@ def predict(args, world):
 
 
 def locate_data(args, world):
-    """--data demo becomes the demo set, built once per node; any other --data must hold train/ and
-    val/."""
-    if args.data == "demo":
+    """--data demo is built, once per node; any --data must hold train/ and val/."""
+    if args.data == DEMO_DIR:
         from data_processing import make_demo_images  # only the demo needs it
 
         if world.local_rank == 0:  # one process per node builds it, the others wait at the barrier
             make_demo_images(DEMO_DIR)
         if world.distributed:
             dist.barrier()
-        args.data = DEMO_DIR
     if not all(isdir(os.path.join(args.data, split)) for split in ("train", "val")):
         raise UsageError(
             f"--data {args.data}: expected subfolders train/ and val/ in it (each an ImageFolder "
@@ -461,10 +467,10 @@ def locate_data(args, world):
         )
 
 
-def make_pipelines(args, world, dali_state, cache=None, first_epoch=1):
+def make_pipelines(args, world, dali_state=None, cache=None, first_epoch=1):
     """(train, val) pipelines and the class names, over shard RANK of WORLD_SIZE, on GPU LOCAL_RANK
     or all on the CPU; ``cache``: MB of DALI's decoder cache, one for both (see plan_decoder_cache);
-    ``first_epoch``: the epoch the training pipeline starts with (see training.training_start).
+    ``dali_state`` and ``first_epoch``: the training pipeline's (see resume.pipeline_state).
     """
     train = make_train_pipeline(args, world, dali_state, cache, first_epoch)
     if train.num_classes is None:
@@ -504,7 +510,7 @@ def pipeline_settings(args, world, cache, first_epoch=1):
     )
 
 
-def make_train_pipeline(args, world, dali_state, cache=None, first_epoch=1):
+def make_train_pipeline(args, world, dali_state=None, cache=None, first_epoch=1):
     """The training pipeline of make_pipelines."""
     common = pipeline_settings(args, world, cache, first_epoch)
 
@@ -530,89 +536,81 @@ def make_train_pipeline(args, world, dali_state, cache=None, first_epoch=1):
 
 
 def build_loaders(args, world, ckpt, log):
-    """The pipelines and iterators, and what the run needs to know of the data; checks that a
-    --resume checkpoint fits it."""
-    dali_state, first_epoch = training.training_start(ckpt, args, world)
+    """The pipelines and iterators over this process's shards and what the run knows of its data
+    (training.RunData); the MB of the decoder cache, or None."""
+    dali_state, first_epoch = resume.pipeline_state(ckpt, args, world) if ckpt else (None, 1)
     if world.distributed and world.local_rank > 0:
         dist.barrier()  # local rank 0 indexes the node's new shards; the others then find them made
     train_pipe, val_pipe, classes = make_pipelines(args, world, dali_state, None, first_epoch)
     if world.distributed and world.local_rank == 0:
         dist.barrier()
-    if ckpt and not args.evaluate and ckpt.get("dali"):
-        # as its run had it: its pipelines are restored (RestOfEpoch's too), and a GPU has one cache
-        cache = ckpt.get("decoder_cache")
-        if "decoder_cache" in args.given:
-            had = f"{cache} MB" if cache else "off"
-            log(
-                {"type": "decoder_cache", "mb": cache},
-                f"decoder cache {had}, as its run had it: --decoder-cache {args.decoder_cache} is "
-                f"not taken at a resume",
-            )
+    if ckpt and not args.evaluate and ckpt.get("dali"):  # its pipelines are restored: its cache
+        cache = resume.decoder_cache(ckpt, args, log)
     else:
-        free_mb = (
-            torch.cuda.mem_get_info(world.device)[0] / 2**20 if world.device.type == "cuda" else 0
-        )
-        cache, why = plan_decoder_cache(args.decoder_cache, (train_pipe, val_pipe), free_mb)
-        if why:
-            log({"type": "decoder_cache", "mb": cache}, why)
+        cache = plan_cache(args, world, train_pipe, val_pipe, log)
     if cache:  # again, decoding whole images into the cache (DALI builds nothing until iterated)
         train_pipe, val_pipe, classes = make_pipelines(args, world, dali_state, cache, first_epoch)
     # what the run reads, for the checkpoints the main process writes; scoring one needs none
     on_main = world.main and not args.evaluate
-    digest = data_digest(train_pipe.read.data_dir, train_pipe.files) if on_main else None
-    watched = [watch(p.read.data_dir, p.files) for p in (train_pipe, val_pipe)] if on_main else []
-    if ckpt:
-        training.check_resumable(
-            ckpt, args, classes, train_pipe.num_samples, world.size, digest, train_pipe.graph
-        )
+    pipes = (train_pipe, val_pipe) if on_main else ()
     with decode_errors_named(train_pipe):  # the iterators decode their first batches right away
         train_loader = classify_iterator(train_pipe)
     with decode_errors_named(val_pipe):
         val_loader = classify_iterator(val_pipe)
     log_data(args, log, train_pipe, val_pipe, classes)
-    log_unfinished_ramp(args, log)
-    loaders = SimpleNamespace(
-        train_loader=train_loader,
+    if args.progressive_resize:
+        log_unfinished_ramp(args, log)
+    data = RunData(
+        train_pipe,
+        val_pipe,
+        train_loader,
+        val_loader,
         steps=len(train_loader),  # the same on every process: every shard runs as many full batches
         classes=classes,
-        num_classes=train_pipe.num_classes,
         num_samples=train_pipe.num_samples,
-        data_digest=digest,
-        watched=watched,
-        decoder_cache=cache,
-        graph=train_pipe.graph,
+        digest=data_digest(train_pipe.read.data_dir, train_pipe.files) if on_main else None,
+        watched=[watch(p.read.data_dir, p.files) for p in pipes if remote(p.read.data_dir)],
         first_epoch=first_epoch,
-        val_batches=lambda: batches_on_device(val_loader, val_pipe, world.device),
     )
-    loaders.train_batches = lambda epoch, first_step: train_batches(
-        args, world, loaders, train_pipe, epoch, first_step
-    )
-    loaders.rest = training.rest_of_epoch(  # of a checkpoint of another number of processes
-        ckpt, args, world, loaders.steps, functools.partial(their_train_loader, ckpt)
-    )
-    return loaders
+    return data, cache
 
 
-def their_train_loader(ckpt, args, world, dali_state, first_epoch):
-    """The training iterator of a checkpoint's run, for training.RestOfEpoch: built as it was."""
-    pipe = make_train_pipeline(args, world, dali_state, ckpt.get("decoder_cache"), first_epoch)
+def plan_cache(args, world, train_pipe, val_pipe, log):
+    """The MB of the decoder cache that --decoder-cache asks for (see plan_decoder_cache): by
+    default none for DALI on the CPU, which has no cache."""
+    if args.dali_device == "cpu" and args.decoder_cache == "auto":
+        return None
+    free_mb = torch.cuda.mem_get_info(world.device)[0] / 2**20 if world.device.type == "cuda" else 0
+    cache, why = plan_decoder_cache(args.decoder_cache, (train_pipe, val_pipe), free_mb)
+    if why:
+        log({"type": "decoder_cache", "mb": cache}, why)
+    return cache
+
+
+def train_loader(args, world, dali_states, first_epoch, cache):
+    """A training iterator of a checkpoint's run, as it was built, for resume.RestOfEpoch."""
+    pipe = make_train_pipeline(args, world, dali_states, cache, first_epoch)
     with decode_errors_named(pipe):
         return classify_iterator(pipe)
 
 
-def train_batches(args, world, loaders, train_pipe, epoch, first_step):
+def train_batches(args, world, data, epoch, first_step):
     """The rest of ``epoch``'s training batches: DALI's, or with --loader synthetic one random
     batch of the epoch's crop size already on the device, every step (the ceiling for any
     loader)."""
     if args.loader == "dali":
-        loader = training.pending_rest(loaders) or loaders.train_loader
-        return batches_on_device(loader, train_pipe, world.device)
+        return batches_on_device(data.train_source(), data.train_pipe, world.device)
     size = train_crop_size(args, epoch)
     images = torch.randn(args.batch_size, 3, size, size, device=world.device)
     if args.channels_last:
         images = images.contiguous(memory_format=torch.channels_last)
-    labels = torch.randint(0, loaders.num_classes, (args.batch_size,), device=world.device)
-    return [(images, labels)] * (loaders.steps - first_step)
+    labels = torch.randint(0, len(data.classes), (args.batch_size,), device=world.device)
+    return [(images, labels)] * (data.steps - first_step)
+
+
+def val_batches(data, world):
+    """Every validation batch of this process's shard, on its device."""
+    return batches_on_device(data.val_loader, data.val_pipe, world.device)
 
 
 def batches_on_device(loader, pipe, device):

@@ -23,14 +23,11 @@ import functools
 import math
 import os
 import time
-from types import SimpleNamespace
 
 import flags
 
 RUNS_DIR = "runs/segment"
 DEMO_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), ".cache", "demo-segment-v1")
-# What --evaluate takes from its checkpoint unless given: the model, and the size it ran at.
-EVALUATE_AS_TRAINED = ("arch", "num_classes", "unet_width", "size")
 # --scale-range: the smallest and largest scale of --size; 4x a 384 crop is 1536 pixels a side
 SCALES = (0.1, 4.0)
 # --data demo: a small, quick run; flags given on the command line still win.
@@ -180,8 +177,8 @@ from torch import nn
 from torchvision.transforms.functional import pil_to_tensor
 from torchvision.utils import draw_segmentation_masks, make_grid
 
+import resume
 import training
-from data_processing import eight_bits
 from data_sources import (
     DataError,
     check_segmentation_files,
@@ -210,7 +207,7 @@ from predict import (
     refuse_overwrite,
     written,
 )
-from training import UsageError
+from training import RunData, UsageError
 
 
 class UNet(nn.Module):
@@ -407,16 +404,16 @@ def scores(confusion, num_classes):
     }
 
 
-def validate(state, loaders, args, device, step_log):
+def validate(state, data, args, world, step_log):
     """(the epoch's validation record, its log line, the first batch for the overlay) for the
     model and its EMA."""
     model, model_ema = state["model"], state["model_ema"]
-    metrics, first = evaluate(model, step_log.stoppable(loaders.val_batches()), args, device)
+    batches = step_log.stoppable(val_batches(data, world))
+    metrics, first = evaluate(model, batches, args, world.device)
     record, line = metrics, describe(metrics)
     if model_ema is not None:
-        ema_metrics, _ = evaluate(
-            model_ema, step_log.stoppable(loaders.val_batches()), args, device
-        )
+        batches = step_log.stoppable(val_batches(data, world))
+        ema_metrics, _ = evaluate(model_ema, batches, args, world.device)
         record = {**record, **{f"ema_{k}": v for k, v in ema_metrics.items()}}
         line += f"  EMA {describe(ema_metrics)}"
     return record, line, first
@@ -431,63 +428,63 @@ def describe(metrics):
 
 
 def main(args):
-    world = training.setup_distributed(args)  # torchrun's ranks; this process's device
+    world = training.setup(args)  # torchrun's ranks; this process's device
     if args.predict:  # the trained model on new images: no --data, no run folder
         return predict(args, world)
-    ckpt = training.checkpoint_to_resume(args, EVALUATE_AS_TRAINED)  # --resume's, or auto's
-    locate_data(args, world)  # builds the demo set or prepares a PNG root, or checks --data
-    log = training.open_run(args, world, ckpt, RUNS_DIR)  # the run folder, locked, and its log
-    loaders = build_loaders(args, world, ckpt, log)  # DALI pipelines over this process's shard
+    ckpt = resume.load(args, world) if args.resume else None  # a resume takes its run's flags
+    root = locate_data(args, world)  # builds the demo set or prepares a PNG root, or checks --data
+    log = training.open_run(args, world, RUNS_DIR)  # the run folder, locked, and its log
+    data = build_loaders(args, world, root, ckpt, log)  # DALI pipelines over this process's shard
+    channels = data.train_pipe.channels
     torch.manual_seed(args.seed)  # the model's first weights
-    model, state = training.prepare_model(
-        make_model(args, loaders.channels), args, world, loaders.steps, log
-    )
+    model, state = training.prepare_model(make_model(args, channels), args, world, data.steps, log)
     criterion = make_criterion(args, world.device)  # dice_ce_loss as the flags set it
-    start_epoch, first_step, best, loss_sum = training.resume(
-        ckpt, args, world, state, loaders.steps, log
-    )
+    start = training.Start()  # a new run's first step, or its checkpoint's next
+    if ckpt:
+        build = functools.partial(train_loader, root=root)
+        start = resume.restore(ckpt, args, world, state, data, log, build)
     log.begin()  # every check has passed: from here the run folder changes
-    model_without_ddp, model_ema = state["model"], state["model_ema"]
-
     if args.evaluate:
-        scored = model_ema if model_ema is not None else model_without_ddp
-        metrics, _ = evaluate(scored, loaders.val_batches(), args, world.device)
-        ema = " (EMA)" if model_ema is not None else ""
-        log(
-            {"type": "eval", **metrics, "ema": model_ema is not None},
-            f"Test{ema}: {describe(metrics)}",
-        )
-        return
-    checkpoints = training.Checkpoints(
-        log, state, loaders, args, world, best, channels=loaders.channels
-    )
-    stop = training.StopSignals(world)  # from here SIGTERM, SIGUSR1 and the others stop the run
-    step_log = training.StepLog(
-        args, world, log, checkpoints, stop, loaders.steps, state["optimizer"]
-    )
+        return score(state, data, args, world, log)
 
-    for epoch in range(start_epoch, args.epochs + 1):
-        start = time.perf_counter()
+    checkpoints = training.Checkpoints(log, state, data, args, world, start.best, channels=channels)
+    stop = training.StopSignals(world)  # from here SIGTERM, SIGUSR1 and the others stop the run
+    step_log = training.StepLog(args, world, log, checkpoints, stop, data.steps, state["optimizer"])
+    first_step, loss_sum = start.step, start.loss_sum
+    for epoch in range(start.epoch, args.epochs + 1):
+        begun = time.perf_counter()
         # The first epoch reads validation too, a batch a step: a bad file shows at once, yet
         # step 1 waits for none.
-        val_beside = loaders.val_batches() if epoch == start_epoch else ()
-        batches = training.alongside(loaders.train_batches(first_step), val_beside)
+        val_beside = val_batches(data, world) if epoch == start.epoch else ()
+        batches = training.alongside(train_batches(args, world, data, first_step), val_beside)
         steps = step_log.epoch(batches, epoch, first_step, loss_sum)
         train_loss = train_one_epoch(model, criterion, state, steps, step_log, epoch, args)
         first_step, loss_sum = 0, 0.0
-        training.sync_buffers(model_without_ddp, model_ema)
-        metrics, line, first = validate(state, loaders, args, world.device, step_log)
-        if world.main:  # an s3:// object replaced under the run: stop before the epoch is saved
-            check_unchanged(loaders.watched)
-        path = checkpoints.save(epoch, loaders.steps, score=metrics["val_dice"])
+        if world.distributed:
+            training.sync_buffers(state["model"], state["model_ema"])
+        metrics, line, first = validate(state, data, args, world, step_log)
+        if data.watched:  # an s3:// object replaced under the run: stop before the epoch is saved
+            check_unchanged(data.watched)
+        path = checkpoints.save(epoch, data.steps, score=metrics["val_dice"])
         if world.main:
             save_overlay(
                 os.path.join(log.dir, f"val_epoch{epoch:03d}.png"), *first, args.num_classes
             )
-        log.epoch_end(epoch, loaders.steps, train_loss, metrics, line, time.perf_counter() - start)
-        if signum := stop.agree()[0]:
-            training.StopSignals.exit(signum, path, epoch, loaders.steps)
+        log.epoch_end(epoch, data.steps, train_loss, metrics, line, time.perf_counter() - begun)
+        if signum := stop.agree()[0]:  # a signal during the epoch's last validation batches
+            stop.exit(signum, path, epoch, data.steps)
     log.close("val_dice", checkpoints.best)
+
+
+def score(state, data, args, world, log):
+    """--evaluate: the checkpoint's model (with --model-ema, its EMA) on the validation set."""
+    ema = state["model_ema"]
+    scored = ema if ema is not None else state["model"]
+    metrics, _ = evaluate(scored, val_batches(data, world), args, world.device)
+    log(
+        {"type": "eval", **metrics, "ema": ema is not None},
+        f"Test{' (EMA)' if ema is not None else ''}: {describe(metrics)}",
+    )
 
 
 def save_overlay(path, images, masks, preds, num_classes, line=16):
@@ -545,7 +542,7 @@ def predict(args, world):
     PNG of class indices in --output-dir (DIR's subfolders mirrored, x.jpg as x.png), and the image
     beside it with the classes drawn over it under --output-dir/overlays/. Under torchrun each
     process predicts its share of the images."""
-    ckpt = checkpoint_to_predict(args, EVALUATE_AS_TRAINED)
+    ckpt = checkpoint_to_predict(args, world)
     files = images_to_predict(args, world)
     masks, overlays = prediction_paths(args, files, ""), prediction_paths(args, files, "overlays")
     refuse_overwrite(args, zip(masks + overlays, files + files))
@@ -621,6 +618,8 @@ def class_colors(num_classes):
 def save_prediction(mask_path, overlay_path, source, pred, colors):
     """``pred`` (H, W) class indices as a palette PNG, and beside ``source``'s image (8-bit RGB, as
     DALI decodes it) that image with the foreground classes drawn over it."""
+    from data_processing import eight_bits  # a 16-bit PNG as DALI's decoder reads it
+
     mask = Image.fromarray(pred.cpu().numpy())
     mask.putpalette([value for color in colors for value in color])  # "L" becomes "P"
     with Image.open(source) as im:
@@ -639,8 +638,8 @@ def save_prediction(mask_path, overlay_path, source, pred, colors):
 
 
 def locate_data(args, world):
-    """--data as a prepared root (csv_file/ inside): the demo set and PNG roots are prepared first,
-    once per node."""
+    """The prepared root (csv_file/ inside) of --data: the demo set and PNG roots are prepared
+    first, once per node."""
     # an s3:// prefix holds a prepared root: data_processing writes locally
     local = not remote(args.data)
     if args.data != "demo" and not isdir(
@@ -651,27 +650,28 @@ def locate_data(args, world):
             "PNG "
             f"root with Images/ and Masks/ (not s3://), or --data demo)"
         )
-    if args.data == "demo" or (local and not os.path.isdir(os.path.join(args.data, "csv_file"))):
-        from data_processing import prepare  # needed only to build or convert a PNG set
+    if args.data != "demo" and (not local or os.path.isdir(os.path.join(args.data, "csv_file"))):
+        return args.data
+    from data_processing import prepare  # needed only to build or convert a PNG set
 
-        root = DEMO_DIR if args.data == "demo" else args.data
-        if world.local_rank == 0:  # one process per node prepares the data, the others wait
-            args.data = prepare(root, demo=root == DEMO_DIR, ignore_index=args.ignore_index)
-        if world.distributed:
-            dist.barrier()
-            args.data = prepare(root, ignore_index=args.ignore_index)  # finds what the first made
+    root = DEMO_DIR if args.data == "demo" else args.data
+    if world.local_rank == 0:  # one process per node prepares the data, the others wait
+        prepared = prepare(root, demo=root == DEMO_DIR, ignore_index=args.ignore_index)
+    if world.distributed:
+        dist.barrier()
+        prepared = prepare(root, ignore_index=args.ignore_index)  # finds what the first made
+    return prepared
 
 
-def build_loaders(args, world, ckpt, log):
-    """The pipelines (shard RANK of WORLD_SIZE, on GPU LOCAL_RANK or the CPU), their iterators, what
-    the run needs to know of the data; checks the masks' values, and that a --resume checkpoint
-    fits the data."""
-    dali_state, first_epoch = training.training_start(ckpt, args, world)
-    splits = {split: read_split(args.data, split) for split in ("train", "valid")}
+def build_loaders(args, world, root, ckpt, log):
+    """The pipelines (shard RANK of WORLD_SIZE, on GPU LOCAL_RANK or the CPU) over the prepared
+    ``root``, their iterators, and what the run knows of its data (training.RunData); checks the
+    masks' values."""
+    dali_state, first_epoch = resume.pipeline_state(ckpt, args, world) if ckpt else (None, 1)
+    splits = {split: read_split(root, split) for split in ("train", "valid")}
     (train_imgs, train_lbls), (val_imgs, val_lbls) = splits["train"], splits["valid"]
-    check_ignore_index(args, train_imgs, train_lbls)
-    make_train_pipeline = functools.partial(train_pipeline, imgs=train_imgs, lbls=train_lbls)
-    train_pipe = make_train_pipeline(args, world, dali_state, first_epoch)
+    check_ignore_index(args, root, train_imgs, train_lbls)
+    train_pipe = train_pipeline(args, world, dali_state, first_epoch, train_imgs, train_lbls)
     # Also the masks as read, to score each at its own size.
     val_pipe = SegmentValPipeline(
         args.batch_size,
@@ -681,38 +681,24 @@ def build_loaders(args, world, ckpt, log):
         **pipeline_settings(args, world),
     )
     check_mask_values(args, world, splits)
-    classes, num_samples = [str(k) for k in range(args.num_classes)], len(train_imgs)
+    train_loader = segment_iterator(train_pipe)
+    log_data(args, log, root, train_pipe, len(train_imgs), len(val_imgs))
     # what the run reads, for the checkpoints the main process writes; scoring one needs none
-    train_files = train_imgs + train_lbls
     on_main = world.main and not args.evaluate
-    digest = data_digest(args.data, train_files) if on_main else None
-    if ckpt:
-        training.check_resumable(
-            ckpt, args, classes, num_samples, world.size, digest, train_pipe.graph
-        )
-    train_loader, val_loader = segment_iterator(train_pipe), segment_iterator(val_pipe)
-    log_data(args, log, train_pipe, num_samples, len(val_imgs))
-    loaders = SimpleNamespace(
-        train_loader=train_loader,
+    return RunData(
+        train_pipe,
+        val_pipe,
+        train_loader,
+        segment_iterator(val_pipe),
         steps=len(train_loader),  # the same on every process: every shard runs as many full batches
-        classes=classes,
-        channels=train_pipe.channels,
-        num_samples=num_samples,
-        data_digest=digest,
-        watched=[watch(args.data, train_files + val_imgs + val_lbls)] if on_main else [],
-        train_files=train_files,
-        graph=train_pipe.graph,
+        classes=[str(k) for k in range(args.num_classes)],
+        num_samples=len(train_imgs),
+        digest=data_digest(root, train_pipe.files) if on_main else None,
+        watched=[watch(root, train_pipe.files + val_pipe.files)]
+        if on_main and remote(root)
+        else [],
         first_epoch=first_epoch,
-        val_batches=lambda: batches_on_device(val_loader, val_imgs + val_lbls, world.device),
     )
-    loaders.train_batches = lambda first_step: train_batches(args, world, loaders, first_step)
-
-    def their_train_loader(args, world, dali_state, first_epoch):  # for training.RestOfEpoch
-        return segment_iterator(make_train_pipeline(args, world, dali_state, first_epoch))
-
-    # a mid-epoch checkpoint of another number of processes: its epoch's rest, as it would have been
-    loaders.rest = training.rest_of_epoch(ckpt, args, world, loaders.steps, their_train_loader)
-    return loaders
 
 
 def pipeline_settings(args, world, first_epoch=1):
@@ -731,7 +717,7 @@ def pipeline_settings(args, world, first_epoch=1):
 
 def train_pipeline(args, world, dali_state, first_epoch, imgs, lbls):
     """The training pipeline, restored from ``dali_state`` (each process's, or None), starting
-    with ``first_epoch`` (see training.training_start)."""
+    with ``first_epoch`` (see resume.pipeline_state)."""
     common = pipeline_settings(args, world, first_epoch)
     return SegmentTrainPipeline(
         args.batch_size,
@@ -747,18 +733,24 @@ def train_pipeline(args, world, dali_state, first_epoch, imgs, lbls):
     )
 
 
-def log_data(args, log, train_pipe, num_samples, val_samples):
+def train_loader(args, world, dali_states, first_epoch, root):
+    """A training iterator of a checkpoint's run, as it was built, for resume.RestOfEpoch."""
+    imgs, lbls = read_split(root, "train")
+    return segment_iterator(train_pipeline(args, world, dali_states, first_epoch, imgs, lbls))
+
+
+def log_data(args, log, root, train_pipe, num_samples, val_samples):
     where = f"run folder {log.dir}; " if log.dir else ""
     log(
         {
             "type": "start",
             "output_dir": log.dir,
-            "data": args.data,
+            "data": root,
             "train_samples": num_samples,
             "val_samples": val_samples,
             "channels": train_pipe.channels,
         },
-        f"{where}data {args.data}: {num_samples} train and {val_samples} val pairs, "
+        f"{where}data {root}: {num_samples} train and {val_samples} val pairs, "
         f"{train_pipe.channels}-channel images",
     )
 
@@ -779,7 +771,7 @@ def check_mask_values(args, world, splits):
             )
 
 
-def check_ignore_index(args, imgs, lbls):
+def check_ignore_index(args, root, imgs, lbls):
     """--ignore-index fills the masks where a training crop pads them: a value their type holds
     (DALI hands out uint8 masks as they are, the others as int32)."""
     if args.ignore_index is None:
@@ -788,25 +780,29 @@ def check_ignore_index(args, imgs, lbls):
     highest = 255 if dtype.name in ("uint8", "bool") else 2**31 - 1
     if args.ignore_index > highest:
         raise UsageError(
-            f"--ignore-index {args.ignore_index}: the masks of {args.data} are {dtype}, "
+            f"--ignore-index {args.ignore_index}: the masks of {root} are {dtype}, "
             f"which hold values up to {highest}; expected a value in "
             f"[{max(2, args.num_classes)}, {highest}] (no class takes it)"
         )
 
 
-def train_batches(args, world, loaders, first_step):
+def train_batches(args, world, data, first_step):
     """The rest of the epoch's training batches: DALI's, or with --loader synthetic one random
     batch already on the device, every step (the ceiling for any loader)."""
     if args.loader == "dali":
-        loader = training.pending_rest(loaders) or loaders.train_loader
-        return batches_on_device(loader, loaders.train_files, world.device)
-    shape = (args.batch_size, loaders.channels, args.size, args.size)
+        return batches_on_device(data.train_source(), data.train_pipe.files, world.device)
+    shape = (args.batch_size, data.train_pipe.channels, args.size, args.size)
     images = torch.randn(shape, device=world.device)
     classes = max(2, args.num_classes)
     masks = torch.randint(
         0, classes, (args.batch_size, 1, args.size, args.size), device=world.device
     )
-    return [(images, masks)] * (loaders.steps - first_step)
+    return [(images, masks)] * (data.steps - first_step)
+
+
+def val_batches(data, world):
+    """Every validation batch of this process's shard, on its device, with the masks as read."""
+    return batches_on_device(data.val_loader, data.val_pipe.files, world.device)
 
 
 def batches_on_device(loader, files, device):

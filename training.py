@@ -1,21 +1,18 @@
 """What a training run needs around its loop, written once for train_classify.py and
 train_segment.py.
 
-    processes and devices   setup_distributed, autocast, all_reduce_sum, sync_buffers
+    processes and devices   setup (World), autocast, all_reduce_sum, sync_buffers
     model and optimizer     prepare_model (DDP, EMA, optimizer, schedule, scaler), load_weights
     run folder and log      open_run: the run's folder, locked; its log (stdout, metrics.jsonl),
                             written from RunLog.begin on, once every check has passed
-    checkpoints             Checkpoints (atomic save), checkpoint_to_resume, check_resumable
-                            (and check_same_graph), resume; on another number of processes
-                            keep_global_batch, training_start and RestOfEpoch
+    checkpoints             RunData (what the trainer read), Checkpoints (atomic save)
     the loop's bookkeeping  StepLog: data wait, NaN checks, the windowed all-reduce, ETA, saves
     stopping and exiting    StopSignals (SIGTERM, SIGINT, SIGUSR1, SIGHUP, SIGUSR2), run_main
 
 What happens on SIGTERM reads here alone: StopSignals catches it; every process agrees on the step
-to stop at (StepLog.after_step); that step's checkpoint is saved (Checkpoints.save); the process
-exits with 128 + the signal (StopSignals.exit). What happens at a resume reads here too: the
-checks (checkpoint_to_resume, lock_run_dir, check_resumable, resume) come before anything in the run
-folder changes (RunLog.begin); other schedule flags give their schedule (follow_schedule_flags).
+to stop at (StepLog.after_step, or the epoch's end); that step's checkpoint is saved
+(Checkpoints.save); the process exits with 128 + the signal (StopSignals.exit). Continuing a run
+from its checkpoint is resume.py's: a fresh run enters none of it.
 """
 
 import argparse
@@ -30,8 +27,8 @@ import signal
 import sys
 import time
 import traceback
-import warnings
-from types import SimpleNamespace
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -53,16 +50,40 @@ class UsageError(Exception):
 # ------------------------------------------------------------------------------------------
 
 
-def setup_distributed(args):
-    """torchrun's process group (NCCL on GPUs, gloo on CPUs); this process's place in it, its
-    device.
+@dataclass
+class World:
+    """This process among torchrun's: its rank, its rank on its node, the number of processes,
+    whether torchrun started it, and its device. The main process (rank 0) writes the logs and
+    checkpoints."""
 
-    Returns ``world``: ``rank``, ``local_rank``, ``size``, ``distributed`` (under torchrun),
-    ``main`` (the one process that writes logs and checkpoints) and ``device``."""
+    rank: int = 0
+    local_rank: int = 0
+    size: int = 1
+    distributed: bool = False
+    device: torch.device = torch.device("cpu")
+    cpu_threads: tuple = None  # a CPU run's split of the cores (share_cpu_threads), for its log
+
+    @property
+    def main(self):
+        return self.rank == 0
+
+
+def torchrun_world():
+    """The World that torchrun's environment describes: without torchrun, one process."""
+    env = os.environ
+    return World(
+        rank=int(env.get("RANK", 0)),
+        local_rank=int(env.get("LOCAL_RANK", 0)),
+        size=int(env.get("WORLD_SIZE", 1)),
+        distributed="RANK" in env,
+    )
+
+
+def setup(args):
+    """This process's World: its device, and under torchrun its place in the process group (NCCL
+    on GPUs, gloo on CPUs). What follows from the device is settled here: bare --amp,
+    --dali-device and --compile get the device's defaults."""
     refuse_tasks_without_torchrun()
-    env = {
-        k: int(os.environ.get(k, d)) for k, d in (("RANK", 0), ("LOCAL_RANK", 0), ("WORLD_SIZE", 1))
-    }
     if args.device == "cuda" and not torch.cuda.is_available():
         raise UsageError("--device cuda: no CUDA device is visible; use --device cpu")
     cuda = args.device != "cpu" and torch.cuda.is_available()
@@ -71,28 +92,9 @@ def setup_distributed(args):
         # first use
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         torch.use_deterministic_algorithms(True)
-    world = SimpleNamespace(
-        rank=env["RANK"],
-        local_rank=env["LOCAL_RANK"],
-        size=env["WORLD_SIZE"],
-        distributed="RANK" in os.environ,
-        main=env["RANK"] == 0,
-        device=torch.device("cuda", env["LOCAL_RANK"]) if cuda else torch.device("cpu"),
-        cpu_threads=None,
-    )
+    world = torchrun_world()
     if cuda:
-        if world.local_rank >= torch.cuda.device_count():
-            raise UsageError(
-                f"LOCAL_RANK {world.local_rank}: this machine shows {torch.cuda.device_count()} "
-                f"CUDA device(s) and each process needs one; start at most that many (torchrun "
-                f"--nproc_per_node), or hide them (CUDA_VISIBLE_DEVICES=) to train on the CPU"
-            )
-        torch.cuda.set_device(world.device)
-        # fixed input sizes: cuDNN picks its fastest kernels once (they may differ run to run)
-        torch.backends.cudnn.benchmark = not args.use_deterministic_algorithms
-        # Training kernels get the higher stream priority, so DALI's kernels, on DALI's own
-        # streams, fill the gaps.
-        torch.cuda.set_stream(torch.cuda.Stream(world.device, priority=-1))
+        world.device = use_gpu(args, world.local_rank)
     if args.amp == "default":  # bare --amp: torch's default for the device
         args.amp = "fp16" if cuda else "bf16"
     args.dali_device = args.dali_device or ("gpu" if cuda else "cpu")
@@ -105,18 +107,42 @@ def setup_distributed(args):
     if not cuda:
         world.cpu_threads = share_cpu_threads(args)  # prepare_model logs it, in the run's log
     if world.distributed:
-        # The workers that torchrun restarts (--max-restarts) would find their predecessors'
-        # addresses in the launcher's store, which outlives them: each attempt keeps its own keys.
-        store, _, _ = next(dist.rendezvous("env://"))
-        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-        dist.init_process_group(
-            "nccl" if cuda else "gloo",
-            store=dist.PrefixStore(f"attempt{attempt}", store),
-            rank=world.rank,
-            world_size=world.size,
-            device_id=world.device if cuda else None,
-        )
+        join_process_group(world)
     return world
+
+
+def use_gpu(args, local_rank):
+    """This process's GPU, LOCAL_RANK, made the current device; its settings for training."""
+    if local_rank >= torch.cuda.device_count():
+        raise UsageError(
+            f"LOCAL_RANK {local_rank}: this machine shows {torch.cuda.device_count()} CUDA "
+            f"device(s) and each process needs one; start at most that many (torchrun "
+            f"--nproc_per_node), or hide them (CUDA_VISIBLE_DEVICES=) to train on the CPU"
+        )
+    device = torch.device("cuda", local_rank)
+    torch.cuda.set_device(device)
+    # fixed input sizes: cuDNN picks its fastest kernels once (they may differ run to run)
+    torch.backends.cudnn.benchmark = not args.use_deterministic_algorithms
+    # Training kernels get the higher stream priority, so DALI's kernels, on DALI's own streams,
+    # fill the gaps.
+    torch.cuda.set_stream(torch.cuda.Stream(device, priority=-1))
+    return device
+
+
+def join_process_group(world):
+    """Under torchrun: the process group, through torchrun's env:// rendezvous."""
+    # The workers that torchrun restarts (--max-restarts) would find their predecessors'
+    # addresses in the launcher's store, which outlives them: each attempt keeps its own keys.
+    store, _, _ = next(dist.rendezvous("env://"))
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    cuda = world.device.type == "cuda"
+    dist.init_process_group(
+        "nccl" if cuda else "gloo",
+        store=dist.PrefixStore(f"attempt{attempt}", store),
+        rank=world.rank,
+        world_size=world.size,
+        device_id=world.device if cuda else None,
+    )
 
 
 def share_cpu_threads(args):
@@ -164,12 +190,11 @@ def all_reduce_sum(values, device):
 
 
 def sync_buffers(*models):
-    """Rank 0's buffers (BatchNorm statistics) to every process: DDP copies them only as a forward
-    pass starts, and validation should score one model everywhere."""
-    if dist.is_initialized():
-        for model in models:
-            for buffer in model.buffers() if model is not None else ():
-                dist.broadcast(buffer, 0)
+    """Under torchrun, rank 0's buffers (BatchNorm statistics) to every process: DDP copies them
+    only as a forward pass starts, and validation should score one model everywhere."""
+    for model in models:
+        for buffer in model.buffers() if model is not None else ():
+            dist.broadcast(buffer, 0)
 
 
 def check_finite(finite, epoch, step, what):
@@ -406,12 +431,14 @@ class RunLog:
     Until ``begin`` the records wait in memory and the folder stays as it was: a start that a
     later check refuses (a resume with another batch size, say) loses nothing there."""
 
-    def __init__(self, run_dir, world, tensorboard, keep=None):
+    def __init__(self, run_dir, world, tensorboard, keep=None, continuing=False, previous=False):
         self.dir, self.main, self.started = run_dir, world.main, time.time()
         self.world = world
         # the package is looked for now, with the other checks; its writer makes files, so later
         self.summary_writer = summary_writer() if tensorboard and run_dir else None
         self.writer, self.keep, self.held = None, keep, []
+        self.continuing = continuing  # the folder is the run's that --resume continues
+        self.previous = previous  # the folder was there before this run (previous_run_log)
 
     def __call__(self, record, line):
         if not self.main:
@@ -424,21 +451,27 @@ class RunLog:
             self.held.append(record)
 
     def begin(self):
-        """Every check that can refuse the run has passed: from here the run folder changes.
-        metrics.jsonl keeps only the records ``keep`` accepts (see lock_run_dir), what killed saves
-        left goes, and the records logged so far are written."""
+        """Every check that can refuse the run has passed: from here the run folder changes, and
+        the records logged so far are written."""
         held, self.held = self.held, None
         if not self.dir or not self.main:
             return
-        if self.keep:
-            trim_log(os.path.join(self.dir, "metrics.jsonl"), self.keep)
-        for name in os.listdir(self.dir):  # the lock says no other run saves here
-            if ".pth.tmp-" in name or name.endswith(".partial"):
-                os.remove(os.path.join(self.dir, name))
+        if self.previous:
+            self.tidy()
         if self.summary_writer:
             self.writer = self.summary_writer(self.dir, flush_secs=10)
         for record in held:
             self.write(record)
+
+    def tidy(self):
+        """A folder that was there before: metrics.jsonl keeps only the records ``keep`` accepts
+        (previous_run_log's, or at a resume resume.restore's), and what killed saves left goes."""
+        metrics = os.path.join(self.dir, "metrics.jsonl")
+        if self.keep and os.path.exists(metrics):
+            trim_log(metrics, self.keep)
+        for name in os.listdir(self.dir):  # the lock says no other run saves here
+            if ".pth.tmp-" in name or name.endswith(".partial"):
+                os.remove(os.path.join(self.dir, name))
 
     def write(self, record):
         if self.dir:
@@ -452,10 +485,15 @@ class RunLog:
                     f"the same command again (--resume continues from the last checkpoint)"
                 ) from None
         if self.writer and "global_step" in record:
-            for key, value in record.items():  # type/name: train/loss, epoch/val_top1, ...
-                if isinstance(value, float) and key != "time":
-                    name, step = f"{record['type']}/{key}", record["global_step"]
-                    self.writer.add_scalar(name, value, step, record["time"])
+            self.write_scalars(record)
+
+    def write_scalars(self, record):
+        """--tensorboard: the record's numbers as scalars named type/name: train/loss,
+        epoch/val_top1, ..."""
+        for key, value in record.items():
+            if isinstance(value, float) and key != "time":
+                name, step = f"{record['type']}/{key}", record["global_step"]
+                self.writer.add_scalar(name, value, step, record["time"])
 
     def training_started(self):
         """From here on a failure leaves the run folder in place: it holds what the run did."""
@@ -543,10 +581,10 @@ def describe_memory(memory):
     return line if len(memory) == 1 else f"{line} (the largest of {len(memory)} processes)"
 
 
-def open_run(args, world, ckpt, runs_dir):
+def open_run(args, world, runs_dir):
     """The run's log, in its folder: --output-dir, --resume's folder, or a new ``runs_dir``/expN,
     made and locked by the main process (none when only evaluating without --output-dir)."""
-    out, keep = None, None
+    out, log = None, None
     if world.main and (args.output_dir or not args.evaluate):
         out = args.output_dir or (
             os.path.dirname(os.path.abspath(args.resume)) if args.resume else None
@@ -555,8 +593,10 @@ def open_run(args, world, ckpt, runs_dir):
             out = new_run_dir(runs_dir)
         elif not os.path.exists(out):
             _unstarted.append(out)
-        keep = lock_run_dir(out, args, ckpt)
-    return RunLog(out, world, args.tensorboard, keep)
+        lock_run_dir(out)
+        if out not in _unstarted:  # a folder that was there: what it holds decides
+            log = previous_run_log(out, args, world)
+    return log or RunLog(out, world, args.tensorboard)
 
 
 def new_run_dir(runs_dir):
@@ -591,12 +631,9 @@ def summary_writer():
     return SummaryWriter
 
 
-def lock_run_dir(out, args, ckpt):
-    """Refused: a folder another run writes to, or, without --overwrite, one holding another run's
-    checkpoint, or whose metrics.jsonl is a folder. Returns which of metrics.jsonl's records the
-    run keeps (None: all), for RunLog.begin: each record once, a resumed run's from its
-    checkpoint's step on, a new run's alone, beside any --evaluate scores written there
-    (--overwrite drops them). Nothing in the folder changes here but the lock."""
+def lock_run_dir(out):
+    """``out`` made and locked for this run: refused where another run writes to it. Nothing in
+    the folder changes here but the lock."""
     if os.path.exists(out) and not os.path.isdir(out):
         raise UsageError(f"--output-dir {out}: is a file, not a folder")
     try:
@@ -611,8 +648,15 @@ def lock_run_dir(out, args, ckpt):
         ) from None
     except OSError as e:
         raise UsageError(f"--output-dir {out}: cannot write there ({e.strerror})") from None
-    continuing = args.resume and os.path.dirname(os.path.abspath(args.resume)) == os.path.abspath(
-        out
+
+
+def previous_run_log(out, args, world):
+    """The log of a run in a folder that was there before. Refused, without --overwrite: one
+    holding another run's checkpoint (not the one --resume continues), or whose metrics.jsonl is a
+    folder. A new run's log keeps only the --evaluate scores written there (--overwrite drops
+    them); a resumed run's keeps what resume.restore says. Nothing in the folder changes here."""
+    continuing = bool(args.resume) and (
+        os.path.dirname(os.path.abspath(args.resume)) == os.path.abspath(out)
     )
     previous = [f for f in ("checkpoint.pth", "best.pth") if os.path.exists(os.path.join(out, f))]
     if previous and not args.evaluate and not continuing and not args.overwrite:
@@ -623,21 +667,9 @@ def lock_run_dir(out, args, ckpt):
     metrics = os.path.join(out, "metrics.jsonl")
     if os.path.isdir(metrics):
         raise UsageError(f"{metrics}: is a folder, not the run's log; move it away or delete it")
-    if not os.path.exists(metrics) or args.evaluate:
-        return None
-    if continuing:  # the steps after the checkpoint run again: their records go
-        last = ckpt.get("global_step", math.inf)
-        return lambda r: not logged_after(r, last)
-    if args.overwrite or not previous:  # a new run's log; --evaluate's scores stay
-        return lambda r: r.get("type") == "eval" and not args.overwrite
-    return None
-
-
-def logged_after(record, last):
-    """Whether ``record`` is of a step after global step ``last``; one whose step is not a number
-    (written by hand or by another tool) is kept, as one without a step is."""
-    step = record.get("global_step")
-    return isinstance(step, (int, float)) and not isinstance(step, bool) and step > last
+    new_log = os.path.exists(metrics) and not (args.evaluate or continuing)
+    keep = (lambda r: r.get("type") == "eval" and not args.overwrite) if new_log else None
+    return RunLog(out, world, args.tensorboard, keep, continuing and not args.evaluate, True)
 
 
 def trim_log(metrics, keep):
@@ -668,24 +700,58 @@ def trim_log(metrics, keep):
 # ------------------------------------------------------------------------------------------
 
 
+@dataclass
+class RunData:
+    """What a run reads, as its trainer built it: the pipelines and DALI iterators of this
+    process's shards, and what the checkpoints record of the data (resume.restore checks it)."""
+
+    train_pipe: Any
+    val_pipe: Any
+    train_loader: Any  # DALI's iterator over train_pipe; its checkpoints() are the pipeline's state
+    val_loader: Any  # every validation sample of the shard once
+    steps: int  # training steps an epoch, the same on every process
+    classes: list  # class names, in label order
+    num_samples: int  # training samples, all shards
+    digest: str = None  # data_sources.data_digest of the training files (the main process's)
+    watched: list = ()  # data_sources.watch's (root, files): s3:// files checked every epoch
+    first_epoch: int = 1  # the epoch the training pipeline started with (resume.pipeline_state)
+    rest: Any = None  # resume.RestOfEpoch: a checkpoint's epoch on another number of processes
+
+    def train_source(self):
+        """The training iterator of the epoch at hand: the rest of a checkpoint's epoch of another
+        number of processes while it lasts, else this run's own."""
+        if self.rest is not None and self.rest.pending:
+            return self.rest
+        return self.train_loader
+
+
+@dataclass
+class Start:
+    """Where the loop starts: a new run's first step, or a checkpoint's (resume.restore)."""
+
+    epoch: int = 1
+    step: int = 0  # steps of ``epoch`` already trained
+    best: float = -math.inf  # the best validation score so far
+    loss_sum: float = 0.0  # this process's loss summed over those steps
+
+
 class Checkpoints:
     """checkpoint.pth (every epoch, every --checkpoint-every steps, at a stop signal) and best.pth
     of a run: ``state``'s state dicts, the position, the arguments, the classes, the training
     files' digest, and every process's DALI, random and loss state, for an exact resume. ``extra``
     goes in as it is."""
 
-    def __init__(self, run, state, loaders, args, world, best=-math.inf, **extra):
-        self.run, self.state, self.loaders, self.args, self.world = run, state, loaders, args, world
+    def __init__(self, run, state, data, args, world, best=-math.inf, **extra):
+        self.run, self.state, self.data, self.args, self.world = run, state, data, args, world
         self.best, self.extra = best, extra
 
     def save(self, epoch, step, loss_sum=0.0, score=None):
         """Saves; ``score``, the epoch's validation score, also makes best.pth when it is the best
         so far. Every process calls it; the main one writes and returns the checkpoint's path.
         Within the rest of an epoch of another number of processes, the checkpoint is of that
-        shape (see RestOfEpoch)."""
-        rest = pending_rest(self.loaders)
-        dali = rest.checkpoints() if rest else self.loaders.train_loader.checkpoints()[0]
-        mine = (dali, torch.get_rng_state(), loss_sum)
+        shape (see resume.RestOfEpoch)."""
+        loader = self.data.train_source()
+        mine = (loader.checkpoints()[0], torch.get_rng_state(), loss_sum)
         states = [mine]
         if dist.is_initialized():
             states = [None] * self.world.size if self.world.main else None
@@ -695,21 +761,20 @@ class Checkpoints:
         if not self.world.main:
             return None
         ckpt = self.contents(epoch, step, states)
-        if rest:
-            ckpt.update(rest.as_saved(ckpt, states))
+        if loader is not self.data.train_loader:
+            ckpt.update(loader.as_saved(ckpt, states))
         for name in ("checkpoint.pth", "best.pth") if is_best else ("checkpoint.pth",):
             write_checkpoint(ckpt, os.path.join(self.run.dir, name))
-        if step < self.loaders.steps:
-            self.run(
-                {
-                    "type": "checkpoint",
-                    "epoch": epoch,
-                    "step": step,
-                    "global_step": ckpt["global_step"],
-                },
-                f"saved checkpoint.pth at epoch {epoch} step {step}",
-            )
+        if step < self.data.steps:  # the epoch's end says so in its own line
+            self.log_saved(epoch, step, ckpt["global_step"])
         return os.path.join(self.run.dir, "checkpoint.pth")
+
+    def log_saved(self, epoch, step, global_step):
+        """The line of a checkpoint within an epoch (--checkpoint-every, a stop signal)."""
+        self.run(
+            {"type": "checkpoint", "epoch": epoch, "step": step, "global_step": global_step},
+            f"saved checkpoint.pth at epoch {epoch} step {step}",
+        )
 
     def contents(self, epoch, step, states):
         dali, rng, loss_sums = (list(s) for s in zip(*states))
@@ -721,109 +786,28 @@ class Checkpoints:
         ckpt.update(
             epoch=epoch,
             step=step,
-            global_step=(epoch - 1) * self.loaders.steps + step,
+            global_step=(epoch - 1) * self.data.steps + step,
             loss_sum=loss_sums,
             args=vars(self.args),
             best=self.best,
-            classes=self.loaders.classes,
+            classes=self.data.classes,
             rng=rng,
-            num_samples=self.loaders.num_samples,
-            data_digest=self.loaders.data_digest,
+            num_samples=self.data.num_samples,
+            data_digest=self.data.digest,
             world_size=self.world.size,
-            steps=self.loaders.steps,
-            first_epoch=self.loaders.first_epoch,
-            graph=self.loaders.graph,
+            steps=self.data.steps,
+            first_epoch=self.data.first_epoch,
             dali=dali if self.args.loader == "dali" else None,
             **self.extra,
         )
         return ckpt
 
 
-def training_start(ckpt, args, world):
-    """(the DALI states this run's training pipelines are restored from, or None; the epoch they
-    count from, for the epoch's crop size, --ra-sampler's order and their seed). A checkpoint of
-    another number of processes restores none: this run's pipelines start afresh with the epoch
-    after its own (RestOfEpoch reads the rest of that)."""
-    if not ckpt or args.evaluate:
-        return None, 1
-    if ckpt["world_size"] != world.size:
-        return None, ckpt["epoch"] + 1
-    return ckpt.get("dali"), ckpt.get("first_epoch", 1)
-
-
 def pipeline_seed(args, world, first_epoch=1):
     """The seed of this process's DALI pipelines: --seed plus its rank. A training pipeline that
-    starts with a later epoch (another number of processes took up the run, see training_start)
-    takes one of its own: the seed's would replay the first epoch's order."""
+    starts with a later epoch (another number of processes took up the run, see
+    resume.pipeline_state) takes one of its own: the seed's would replay the first epoch's order."""
     return args.seed + world.rank + (first_epoch - 1) * world.size
-
-
-def pending_rest(loaders):
-    """The RestOfEpoch whose epoch is still to train, or None: the loader of the epoch at hand,
-    until it ends, in place of the run's own."""
-    rest = loaders.rest
-    return rest if rest is not None and rest.pending else None
-
-
-def rest_of_epoch(ckpt, args, world, steps, build):
-    """RestOfEpoch where a mid-epoch checkpoint of another number of processes goes on with DALI;
-    else None."""
-    if not ckpt or args.evaluate or args.loader != "dali" or ckpt["world_size"] == world.size:
-        return None
-    return RestOfEpoch(ckpt, args, world, build) if ckpt["step"] < steps else None
-
-
-class RestOfEpoch:
-    """The rest of a mid-epoch checkpoint's epoch on another number of processes, each remaining
-    sample once, as its run would have read it, whatever the data's layout. DALI restores a
-    checkpoint only into the pipeline it was taken from (its shard, shard count and batch), so
-    this process builds those of the run's training pipelines whose rows it needs, each restored,
-    with ``build(args, world, dali_states, first_epoch)`` (an iterator), and steps them together:
-    their batches of a step, in shard order, are the run's global batch of G, of which rank r of M
-    takes rows r G/M to (r + 1) G/M. A checkpoint taken in it is of the run's shape (``as_saved``),
-    so a resume from it takes this road again. ``pending`` until the epoch's end."""
-
-    def __init__(self, ckpt, args, world, build):
-        self.size, self.batch = ckpt["world_size"], ckpt["args"]["batch_size"]
-        self.first_epoch, self.pending = ckpt.get("first_epoch", 1), True
-        self.kept = {k: ckpt[k] for k in ("decoder_cache",) if k in ckpt}  # as its pipelines had
-        share = self.size * self.batch // world.size
-        self.rows = (world.rank * share, (world.rank + 1) * share)
-        shards = range(self.rows[0] // self.batch, (self.rows[1] - 1) // self.batch + 1)
-        their_args = argparse.Namespace(**{**vars(args), "batch_size": self.batch})
-        self.loaders = {}
-        for shard in shards:
-            theirs = SimpleNamespace(**{**vars(world), "rank": shard, "size": self.size})
-            self.loaders[shard] = build(their_args, theirs, ckpt["dali"], self.first_epoch)
-
-    def __iter__(self):
-        first = min(self.loaders) * self.batch
-        low, high = self.rows[0] - first, self.rows[1] - first
-        for batches in zip(*self.loaders.values()):
-            outputs = batches[0][0].keys()
-            yield [{k: torch.cat([b[0][k] for b in batches])[low:high] for k in outputs}]
-        self.pending, self.loaders = False, {}  # their pipelines' memory goes
-
-    def checkpoints(self):
-        """This process's pipelines' DALI states, by shard."""
-        return {shard: loader.checkpoints()[0] for shard, loader in self.loaders.items()}
-
-    def as_saved(self, ckpt, states):
-        """What makes ``ckpt``, of ``states`` (each process's (DALI states by shard, random state,
-        loss sum)), a checkpoint of the run's shape: a shard run by two processes is one state."""
-        dali, rngs, sums = {}, [s[1] for s in states], [s[2] for s in states]
-        for shards, _, _ in states:
-            for shard, state in shards.items():
-                dali.setdefault(shard, state)
-        return dict(
-            world_size=self.size,
-            args={**ckpt["args"], "batch_size": self.batch},
-            dali=[dali[shard] for shard in range(self.size)],
-            rng=[rngs[k % len(rngs)] for k in range(self.size)],
-            loss_sum=shared_sums(sums, self.size),
-            first_epoch=self.first_epoch,
-            **self.kept,
-        )
 
 
 def write_checkpoint(ckpt, path):
@@ -834,358 +818,22 @@ def write_checkpoint(ckpt, path):
         torch.save(ckpt, tmp)
         os.replace(tmp, path)
     except (OSError, RuntimeError) as e:  # torch reports a full disk as a RuntimeError
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        why = (
-            e.strerror if isinstance(e, OSError) and e.strerror else str(e).strip().splitlines()[-1]
-        )
-        raise UsageError(
-            f"{path}: could not save the checkpoint ({why}); the previous one is kept"
-        ) from None
+        could_not_save(path, tmp, e)
+
+
+def could_not_save(path, tmp, e):
+    """write_checkpoint's failure: its temporary file removed, one line naming the checkpoint."""
+    if os.path.exists(tmp):
+        os.remove(tmp)
+    why = e.strerror if isinstance(e, OSError) and e.strerror else str(e).strip().splitlines()[-1]
+    raise UsageError(
+        f"{path}: could not save the checkpoint ({why}); the previous one is kept"
+    ) from None
 
 
 class RunComplete(Exception):
     """The run to resume has trained every epoch: nothing is left to do (a requeue after its
     end)."""
-
-
-# What a checkpoint must hold to be resumed, or only scored (--evaluate).
-TO_RESUME = (
-    "model",
-    "optimizer",
-    "scheduler",
-    "scaler",
-    "epoch",
-    "step",
-    "best",
-    "classes",
-    "rng",
-    "num_samples",
-    "world_size",
-    "args",
-)
-TO_EVALUATE = ("model", "classes", "args")
-
-
-def checkpoint_to_resume(args, as_trained=()):
-    """The checkpoint --resume names, loaded, or None. ``--resume auto``: --output-dir's
-    checkpoint.pth (every save rewrites it: the newest), or None where there is none, a fresh
-    start; --resume then names the file. A checkpoint that lacks what this run needs of it is
-    refused in one line that says what is missing. With --evaluate (or --predict), the flags named
-    in ``as_trained`` (the model and the validation sizes) are the checkpoint's unless given."""
-    scoring = args.evaluate or getattr(args, "predict", None)  # the model alone, not the run
-    if args.resume == "auto":
-        path = os.path.join(args.output_dir, "checkpoint.pth")
-        args.resume = path if os.path.isfile(path) else ""
-    if not args.resume:
-        return None
-    ckpt = load_checkpoint(args.resume)
-    needed = TO_EVALUATE if scoring else TO_RESUME
-    missing = [key for key in needed if key not in ckpt]
-    missing += [f"args.{key}" for key in ("arch", "batch_size") if key not in ckpt.get("args", {})]
-    script = os.path.basename(sys.argv[0])
-    if missing:
-        raise UsageError(
-            f"--resume {args.resume}: lacks {', '.join(missing)}, which {script} writes in every "
-            f"checkpoint (an older version's or an edited file); start anew, or --weights it"
-        )
-    if args.weights and (not dist.is_initialized() or dist.get_rank() == 0):
-        print(
-            f"--weights {args.weights}: not loaded; --resume {args.resume} brings its own weights",
-            flush=True,
-        )
-    if not scoring and args.loader == "dali" and not ckpt.get("dali"):
-        raise UsageError(
-            f"--resume {args.resume}: holds no DALI state (its run had --loader synthetic), so "
-            f"DALI cannot continue where it stopped; resume with --loader synthetic, "
-            f"or --weights it"
-        )
-    if scoring:
-        evaluate_as_trained(args, ckpt["args"], as_trained)
-    else:
-        keep_global_batch(args, ckpt)
-        resume_at_trained_rate(args, ckpt)
-    return ckpt
-
-
-def keep_global_batch(args, ckpt):
-    """A resume on another number of processes keeps its run's global batch: -b becomes its share
-    of it, and with it the steps per epoch and the lr schedule are as they were. A requeued job
-    runs its first command again, so a -b as its run had it asks for the same. One line names the
-    choices where the processes cannot share the batch evenly, or -b gives another global batch."""
-    size = dist.get_world_size() if dist.is_initialized() else 1
-    then, batch = ckpt["world_size"], ckpt["args"]["batch_size"]
-    total = then * batch
-    if size == then:
-        return
-    where = f"--resume {args.resume}: taken with {then} process(es) x batch {batch}"
-    if total % size or total // size < 2:  # training needs 2 samples a batch (BatchNorm)
-        counts = [str(k) for k in range(1, total // 2 + 1) if total % k == 0]
-        choices = " or ".join([", ".join(counts[:-1]), counts[-1]] if counts[1:] else counts)
-        raise UsageError(
-            f"{where}, a global batch of {total}, which {size} processes cannot share evenly; "
-            f"run on {choices} process(es), or --weights it"
-        )
-    if "batch_size" in args.given and args.batch_size not in (batch, total // size):
-        raise UsageError(
-            f"{where}: -b {args.batch_size} on {size} processes gives a global batch of "
-            f"{args.batch_size * size}, not its {total}; pass -b {total // size} (or no -b), or "
-            f"--weights it"
-        )
-    args.batch_size = total // size
-
-
-# The flags that set the learning rate (see learning_rate).
-RATE_FLAGS = ("lr", "lr_base", "lr_base_size")
-
-
-def resume_at_trained_rate(args, ckpt):
-    """A resume goes on at its run's learning rate: the optimizer's and schedule's saved states hold
-    it. The rate flags become the checkpoint's, so that the log and --lr-min's check say that rate;
-    a run from before --lr-base (no lr_base in its args) had --lr per 256 images. One line says
-    where this command's flags would give another rate."""
-    saved = ckpt["args"]
-    given = {k for k in saved.get("given", ()) if k in RATE_FLAGS}
-    if "lr_base" in saved:
-        then = SimpleNamespace(given=given, **{k: saved.get(k) for k in RATE_FLAGS})
-    elif "lr" in saved:
-        given = {"lr_base"} if "lr" in given else set()
-        then = SimpleNamespace(given=given, lr=None, lr_base=saved["lr"], lr_base_size=256)
-    else:
-        return
-    global_batch = saved["batch_size"] * ckpt["world_size"]
-    (lr, _), (asked, asked_from) = (learning_rate(run, global_batch) for run in (then, args))
-    for k in RATE_FLAGS:
-        setattr(args, k, getattr(then, k))
-    args.given = sorted(set(args.given) - set(RATE_FLAGS) | given)  # as the run had them
-    if not math.isclose(lr, asked) and (not dist.is_initialized() or dist.get_rank() == 0):
-        older = "" if "lr_base" in saved else " (a run from before --lr-base: its --lr was per 256)"
-        print(
-            f"--resume {args.resume}: continues at its run's lr {lr:.6g}{older}, not this "
-            f"command's {asked:.6g} ({asked_from}); to train at another, --weights it",
-            flush=True,
-        )
-
-
-def evaluate_as_trained(args, saved, names):
-    """--evaluate scores the model as its run validated it: the flags in ``names`` that the command
-    line leaves out take the checkpoint's values, said in one line."""
-    taken = [
-        k
-        for k in names
-        if k not in args.given and saved.get(k, getattr(args, k)) != getattr(args, k)
-    ]
-    for k in taken:
-        setattr(args, k, saved[k])
-    if taken and (not dist.is_initialized() or dist.get_rank() == 0):
-        flags = " ".join(f"--{k.replace('_', '-')} {saved[k]}" for k in taken)
-        what = "--predict" if getattr(args, "predict", None) else "--evaluate"
-        print(f"{what}: {flags}, as in {args.resume or args.weights}", flush=True)
-
-
-def load_checkpoint(path):
-    if not os.path.isfile(path):
-        raise UsageError(f"--resume {path}: no such checkpoint file")
-    try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:
-        why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise UsageError(f"--resume {path}: not a readable checkpoint ({why[:200]})") from None
-    if not isinstance(ckpt, dict) or not isinstance(ckpt.get("args"), dict):
-        script = os.path.basename(sys.argv[0])
-        raise UsageError(f"--resume {path}: not a checkpoint written by {script}")
-    return ckpt
-
-
-def check_resumable(ckpt, args, classes, num_samples, world_size, digest, graph):
-    """One line on the first way the checkpoint does not fit this run's model, data, layout or
-    training pipeline; ``digest``: data_sources.data_digest of the training files (the main
-    process's alone: the others have None), which older checkpoints lack; ``graph``: the training
-    pipeline's record of the options that shape its graph (see check_same_graph)."""
-    where, saved = f"--resume {args.resume}", ckpt["args"]
-    if saved["arch"] != args.arch:
-        raise UsageError(f"{where}: a checkpoint of --arch {saved['arch']}, not --arch {args.arch}")
-    if (theirs := ckpt["classes"]) != classes:
-        k = next((i for i, (x, y) in enumerate(zip(theirs, classes)) if x != y), None)
-        if k is None:
-            differs = f"{len(theirs)} classes there, {len(classes)} in --data"
-        else:
-            differs = f"class {k} is {theirs[k]!r} there and {classes[k]!r} in --data"
-        raise UsageError(f"{where}: trained on other classes ({differs})")
-    if args.evaluate:  # scoring needs only the model and its classes
-        return
-    then = (ckpt["world_size"], saved["batch_size"], ckpt["num_samples"])
-    global_batch = (then[0] * then[1], then[2])  # another number of processes shares it
-    if global_batch != (world_size * args.batch_size, num_samples):
-        raise UsageError(
-            f"{where}: taken with {then[0]} process(es) x batch {then[1]} on {then[2]} training "
-            f"samples, this run has {world_size} x {args.batch_size} on {num_samples}; resume with "
-            f"the same global batch, so the remaining steps and samples are the same"
-        )
-    if digest and ckpt.get("data_digest", digest) != digest:
-        raise UsageError(
-            f"{where}: trained on other data (the names, sizes or ETags of the training files in "
-            f"--data {args.data} differ from its run's); resume on that run's data, at any path, "
-            f"or --weights it"
-        )
-    check_same_graph(ckpt, args, graph)
-
-
-def check_same_graph(ckpt, args, graph):
-    """DALI restores a checkpoint only into the graph it was taken from: each option in the
-    training pipeline's ``graph`` record (named as the flag that sets it) must be as the
-    checkpoint's record has it. A checkpoint from before the record is not compared."""
-    saved = ckpt.get("graph")
-    for option, now in graph.items():
-        if saved is None or saved.get(option) == now:
-            continue
-        flag, then = "--" + option.replace("_", "-"), saved.get(option)
-        if isinstance(now, bool):  # on or off: the flags' own values say how
-            then, now = ckpt["args"].get(option), getattr(args, option)
-        if isinstance(then or now, (list, tuple)):
-            had = "had" if then else "had no"
-            raise UsageError(
-                f"--resume {args.resume}: its run {had} {flag}; resume with it as it was, "
-                f"or --weights it"
-            )
-        raise UsageError(
-            f"--resume {args.resume}: taken with {flag} {then or 'off'}, this run has "
-            f"{now or 'off'}; resume with the same, or --weights it"
-        )
-
-
-def resume(ckpt, args, world, state, steps, log):
-    """(first epoch, steps of it done, best score, this process's loss sum over them); ``state``
-    loaded from ``ckpt``."""
-    if not ckpt:
-        return 1, 0, -math.inf, 0.0
-    if state["model_ema"] is not None and ckpt.get("model_ema") is None:
-        raise UsageError(
-            f"--resume {args.resume}: holds no EMA weights (its run had no --model-ema)"
-        )
-    for name in ("model", "model_ema") if args.evaluate else state:
-        try:
-            if state[name] is not None:
-                state[name].load_state_dict(ckpt[name])
-        except RuntimeError as e:
-            raise UsageError(
-                f"--resume {args.resume}: its weights do not fit this model "
-                f"({str(e).splitlines()[1].strip()})"
-            ) from None
-    if args.evaluate:
-        return 1, 0, -math.inf, 0.0
-    if ckpt.get("steps", steps) != steps:  # --ra-sampler's may differ on other processes
-        raise UsageError(
-            f"--resume {args.resume}: its run had {ckpt['steps']} steps per epoch, this one has "
-            f"{steps}; resume on {ckpt['world_size']} process(es), or --weights it"
-        )
-    if world.rank < len(ckpt["rng"]):
-        torch.set_rng_state(ckpt["rng"][world.rank])  # mixup and cutmix draw from it
-    else:  # a process its run did not have: a state of its own
-        torch.manual_seed(args.seed + world.rank)
-    if ckpt["step"] == steps:
-        start_epoch, first_step = ckpt["epoch"] + 1, 0
-    else:
-        start_epoch, first_step = ckpt["epoch"], ckpt["step"]
-    if start_epoch > args.epochs:
-        raise RunComplete(
-            f"--resume {args.resume}: its run is complete ({ckpt['epoch']} of {args.epochs} "
-            f"epochs, best {ckpt['best']:.3f}); nothing to train"
-        )
-    loss_sum = resumed_loss_sum(ckpt, args, world) if first_step else 0.0
-    log(
-        {"type": "resume", "epoch": start_epoch, "step": first_step},
-        f"resumed from {args.resume}: epoch {start_epoch}, after step {first_step} of {steps}",
-    )
-    log_new_shape(ckpt, args, world, first_step, log)
-    follow_schedule_flags(ckpt, args, state, steps, log)
-    return start_epoch, first_step, ckpt["best"], loss_sum
-
-
-def log_new_shape(ckpt, args, world, first_step, log):
-    """One line where the run goes on with another number of processes: its batch per process,
-    and how the rest of a mid-epoch checkpoint's epoch is read (see RestOfEpoch)."""
-    then, batch = ckpt["world_size"], ckpt["args"]["batch_size"]
-    if then == world.size:
-        return
-    rest = ""
-    if first_step and args.loader == "dali":
-        rest = (
-            f"; the rest of epoch {ckpt['epoch']} reads its run's {then} shard(s) as they would "
-            f"have, each remaining sample once"
-        )
-    log(
-        {"type": "new_shape", "world_size": [then, world.size], "batch": [batch, args.batch_size]},
-        f"--resume {args.resume}: taken with {then} process(es) x batch {batch}, goes on with "
-        f"{world.size} x {args.batch_size}, the same global batch {then * batch}{rest}",
-    )
-
-
-def resumed_loss_sum(ckpt, args, world):
-    """This process's loss summed over the epoch's steps before a mid-epoch checkpoint (the
-    epoch's mean loss needs it); 0 from a checkpoint older than the sums. Anything else than a
-    finite number for each process is refused in one line. On another number of processes, each
-    takes the mean of the sums (see shared_sums)."""
-    then = ckpt.get("world_size", world.size)
-    sums = ckpt.get("loss_sum", [0.0] * then)
-    numbers = isinstance(sums, (list, tuple)) and len(sums) == then
-    if not numbers or not all(type(s) in (int, float) and math.isfinite(s) for s in sums):
-        raise UsageError(
-            f"--resume {args.resume}: its loss_sum is not {then} finite number(s), one a "
-            f"process, as {os.path.basename(sys.argv[0])} writes it (an edited or damaged file); "
-            f"start anew, or --weights it"
-        )
-    return sums[world.rank] if then == world.size else shared_sums(sums, world.size)[world.rank]
-
-
-def shared_sums(sums, size):
-    """Loss sums of one process count over ``size`` processes. Each is a sum of batch means, and
-    the epoch's mean loss divides their total by the processes: each new one takes their mean."""
-    return [sum(sums) / len(sums)] * size
-
-
-# The flags that shape the lr schedule besides --lr (the optimizer's state holds that).
-SCHEDULE_FLAGS = (
-    "epochs",
-    "lr_scheduler",
-    "lr_warmup_epochs",
-    "lr_warmup_method",
-    "lr_warmup_decay",
-    "lr_min",
-    "lr_step_size",
-    "lr_gamma",
-)
-
-
-def follow_schedule_flags(ckpt, args, state, steps, log):
-    """A resume with other schedule flags than its run's (--epochs 3 after 2, say) gets the
-    schedule those flags give, at the checkpoint's step, as a run started with them would have
-    it, and one line says so; the checkpoint's own schedule would go on past its end (a cosine
-    climbs back to the peak)."""
-    saved = ckpt["args"]
-    changed = [k for k in SCHEDULE_FLAGS if k in saved and saved[k] != getattr(args, k)]
-    if not changed:
-        return
-    optimizer, done = state["optimizer"], ckpt.get("global_step")
-    if done is None:  # a checkpoint from before global_step was saved
-        done = (ckpt["epoch"] - 1) * steps + ckpt["step"]
-    was = optimizer.param_groups[0]["lr"]
-    for group in optimizer.param_groups:  # as a new run's optimizer starts, at the full lr
-        group["lr"] = group["initial_lr"]
-    scheduler = make_scheduler(optimizer, args, steps)
-    with warnings.catch_warnings():  # torch warns of a scheduler stepped before the optimizer
-        warnings.simplefilter("ignore")
-        for _ in range(done):
-            scheduler.step()
-    state["scheduler"] = scheduler
-    now = optimizer.param_groups[0]["lr"]
-    flags = ", ".join(f"--{k.replace('_', '-')} {getattr(args, k)}" for k in changed)
-    had = ", ".join(str(saved[k]) for k in changed)
-    log(
-        {"type": "schedule", "changed": {k: [saved[k], getattr(args, k)] for k in changed}},
-        f"--resume {args.resume}: {flags} (its run had {had}): the lr schedule is this run's, "
-        f"taken up at step {done}: lr {now:.5f}, where its run's was at {was:.5f}",
-    )
 
 
 # ------------------------------------------------------------------------------------------
@@ -1287,31 +935,35 @@ class StepLog:
                 self.stop.exit(signum, path, self.epoch_no, step)
 
     def first_step_done(self, step):
-        """The run's first step (a resumed one's too). A compiled model compiles in it: its seconds
-        are logged as a phase of their own and left out of the line's img/s; the ETA counts from
-        here."""
+        """The run's first step (a resumed one's too): the ETA counts from here, and from here a
+        failure leaves the run folder in place."""
         if self.args.compile:
-            if self.world.device.type == "cuda":
-                torch.cuda.synchronize(self.world.device)  # once: the step's kernels have run
-            seconds = time.perf_counter() - self.step_start
-            epoch, global_step = self.epoch_no, (self.epoch_no - 1) * self.steps + step
-            self.log(
-                {
-                    "type": "compile",
-                    "seconds": seconds,
-                    "mode": self.args.compile_mode,
-                    "epoch": epoch,
-                    "step": step,
-                    "global_step": global_step,
-                },
-                f"torch.compile ({self.args.compile_mode} mode): the first step took {seconds:.1f}s "
-                f"with the compile; the img/s and ETA leave it out",
-            )
-            # the window's rate starts after it; its loss keeps the step
-            self.window_start, self.window_images = time.perf_counter(), 0
-            self.wait.seconds()
+            self.log_compile(step)
         self.clock = time.perf_counter()
         self.log.training_started()
+
+    def log_compile(self, step):
+        """A compiled model compiles in its first step: its seconds are logged as a phase of their
+        own and left out of the line's img/s."""
+        if self.world.device.type == "cuda":
+            torch.cuda.synchronize(self.world.device)  # once: the step's kernels have run
+        seconds = time.perf_counter() - self.step_start
+        epoch, global_step = self.epoch_no, (self.epoch_no - 1) * self.steps + step
+        self.log(
+            {
+                "type": "compile",
+                "seconds": seconds,
+                "mode": self.args.compile_mode,
+                "epoch": epoch,
+                "step": step,
+                "global_step": global_step,
+            },
+            f"torch.compile ({self.args.compile_mode} mode): the first step took {seconds:.1f}s "
+            f"with the compile; the img/s and ETA leave it out",
+        )
+        # the window's rate starts after it; its loss keeps the step
+        self.window_start, self.window_images = time.perf_counter(), 0
+        self.wait.seconds()
 
     def stoppable(self, batches):
         """Validation's ``batches``, ended by a stop signal as training's steps are: a full pass can
@@ -1404,6 +1056,11 @@ class StopSignals:
         answer on every process."""
         if self.group is None:
             return self.signum, due
+        return self.agree_across(due)
+
+    def agree_across(self, due):
+        """agree under torchrun: this step sends this process's signal and due line, and reads
+        what every process sent at the step before."""
         agreed = self.pending[1].tolist() if self.pending and self.pending[0].wait() else [0, 0]
         flags = torch.tensor([self.signum, int(due)])
         self.pending = (
@@ -1461,24 +1118,29 @@ def run_main(main, args):
         if not dist.is_initialized() or dist.get_rank() == 0:
             print(e, flush=True)
     except (Exception, KeyboardInterrupt) as e:
-        for folder in _unstarted:
-            shutil.rmtree(folder, ignore_errors=True)
-        if isinstance(e, (UsageError, DataError)):
-            status, text = 2, f"error: {e}"
-        elif isinstance(e, KeyboardInterrupt):
-            status, text = 130, "interrupted: nothing saved since the last checkpoint"
-        else:
-            status, text = 1, traceback.format_exc()
-        alone = not (dist.is_initialized() and dist.get_world_size() > 1)
-        if status == 1 and alone:
-            raise
-        print(text, file=sys.stderr, flush=True)
-        sys.stdout.flush()
-        # Other processes may wait for this one in a collective, where NCCL's graceful
-        # destroy_process_group() would wait forever: end at once, and torchrun stops the others.
-        if not alone:
-            os._exit(status)
-        sys.exit(status)
+        end_failed_run(e)
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def end_failed_run(e):
+    """run_main's end of a run that raised ``e``, within its ``except`` block."""
+    for folder in _unstarted:
+        shutil.rmtree(folder, ignore_errors=True)
+    if isinstance(e, (UsageError, DataError)):
+        status, text = 2, f"error: {e}"
+    elif isinstance(e, KeyboardInterrupt):
+        status, text = 130, "interrupted: nothing saved since the last checkpoint"
+    else:
+        status, text = 1, traceback.format_exc()
+    alone = not (dist.is_initialized() and dist.get_world_size() > 1)
+    if status == 1 and alone:
+        raise  # the exception being handled, with its traceback as it was
+    print(text, file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    # Other processes may wait for this one in a collective, where NCCL's graceful
+    # destroy_process_group() would wait forever: end at once, and torchrun stops the others.
+    if not alone:
+        os._exit(status)
+    sys.exit(status)
