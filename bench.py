@@ -1524,11 +1524,15 @@ def classification_loaders(args):
             if name in ("dali-mixed-hwc", "dali-mixed-cached", "dali-cpu", "dataloader")
         ]
     if args.only:
-        loaders = [
-            (name, make)
-            for name, make in loaders
-            if any(word in name for word in args.only.split(","))
-        ]
+        words = args.only.split(",")
+        if unmatched := [w for w in words if not any(w in name for name, _ in loaders)]:
+            names = ", ".join(name for name, _ in loaders)
+            print(
+                f"error: --only {args.only}: {', '.join(unmatched)} names none of {names}",
+                file=sys.stderr,
+            )
+            sys.exit(2)
+        loaders = [(name, make) for name, make in loaders if any(w in name for w in words)]
     return loaders
 
 

@@ -780,6 +780,9 @@ def main(argv=None):
     except (DataError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
+    except KeyboardInterrupt:  # every file is written whole or not at all
+        print("interrupted: what was written is whole; run it again to finish", file=sys.stderr)
+        sys.exit(130)
 
 
 if __name__ == "__main__":

@@ -22,12 +22,15 @@ import os
 import random
 import re
 import shutil
+import stat
 import struct
 import tarfile
 import tempfile
 import threading
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 
+import google_crc32c
 import numpy as np
 from nvidia.dali import ops, tfrecord, types
 from nvidia.dali.pipeline import Pipeline
@@ -63,6 +66,8 @@ IMAGE_MAGIC = (
     b"\xff\x4f\xff\x51",
 )
 IMAGE_HEAD = 16  # bytes that hold every signature above
+# The images whose headers PIL parses before DALI reads them (see broken_header).
+PARSED_HEADERS = (b"\xff\xd8\xff", b"\x89PNG\r\n\x1a\n")
 # Files whose first bytes are read at once: on a network file system each read waits for an answer.
 HEAD_THREADS = 16
 # TensorFlow's shard names (train-00000-of-01024) have no extension; other writers use .tfrecord.
@@ -706,8 +711,17 @@ def list_image_folder(data_dir, classes=None):
                     f"{os.path.join(data_dir, c)}: class {c!r} is not one of the {len(classes)} "
                     f"training classes"
                 )
-    files, labels = [], []
+    files, labels, real = [], [], {}
     for c in found:
+        folder = os.path.join(data_dir, c)
+        if (
+            not remote(folder)
+            and (twin := real.setdefault(os.path.realpath(folder), folder)) != folder
+        ):
+            raise DataError(
+                f"{folder}: the same folder as {twin} (a symlink), so its images would train "
+                "under two labels; remove the link"
+            )
         class_files = [
             f for f in walk(os.path.join(data_dir, c)) if f.lower().endswith(IMG_EXTENSIONS)
         ]
@@ -722,15 +736,39 @@ def list_image_folder(data_dir, classes=None):
 
 
 def _head(path):
-    """The first IMAGE_HEAD bytes of a file, or the reason it cannot be read."""
+    """The first IMAGE_HEAD bytes of a file, or the reason it cannot be read or decoded (a JPEG's
+    or PNG's header: see broken_header)."""
     try:  # os.open: Python's buffered file object would cost more than the read
-        fd = os.open(path, os.O_RDONLY)
+        # not blocking: a FIFO named .jpg would wait for a writer
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
         try:
-            return os.read(fd, IMAGE_HEAD)
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return "not a regular file (a FIFO, socket or device named as an image)"
+            head = os.read(fd, IMAGE_HEAD)
+            if head.startswith(PARSED_HEADERS):
+                with os.fdopen(fd, "rb", closefd=False) as f:
+                    return broken_header(f) or head
+            return head
         finally:
             os.close(fd)
     except OSError as e:
         return f"cannot be read ({e.strerror})"
+
+
+def broken_header(f):
+    """Why the JPEG or PNG in file ``f`` cannot be decoded, from its header alone (PIL reads no
+    pixels for it), or None. DALI 2.4's parser can kill the process (SIGSEGV) on an image that ends
+    or breaks before its size: random bytes after a JPEG's first marker, a PNG cut after its first
+    chunk."""
+    try:
+        f.seek(0)
+        with Image.open(f):
+            return None
+    except Image.DecompressionBombError:  # whole, only large: DALI decodes it
+        return None
+    except Exception as e:  # PIL's own: not an image it knows, a chunk cut short, a bad marker
+        why = (str(e).strip() or type(e).__name__).splitlines()[0][:120]
+        return f"cannot decode this image: its header is broken or cut short (PIL: {why})"
 
 
 def _heads(paths):
@@ -739,10 +777,12 @@ def _heads(paths):
 
 def check_image_heads(files, what):
     """A ``DataError`` naming the first of the local image ``files`` that does not start as an
-    image does (see IMAGE_MAGIC): a text file, a GIF or a PDF named .jpg. Only the first bytes of
-    each are read, a chunk of files per thread; ``what`` names the job in progress lines."""
+    image does (see IMAGE_MAGIC): a text file, a GIF or a PDF named .jpg; or a JPEG or PNG whose
+    header is broken (broken_header). Only the first bytes of each are read (a JPEG's or PNG's
+    header), a chunk of files per thread; ``what`` names the job in progress lines."""
     chunks = [files[k : k + 1024] for k in range(0, len(files), 1024)]
-    with ThreadPoolExecutor(HEAD_THREADS) as pool:
+    with ThreadPoolExecutor(HEAD_THREADS) as pool, warnings.catch_warnings():
+        warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # size is no fault here
         heads = itertools.chain.from_iterable(pool.map(_heads, chunks))
         for path, head in zip(files, progress(heads, len(files), what)):
             if isinstance(head, str):
@@ -864,8 +904,11 @@ def shard_index(shard, layout):
     """
     if remote(shard):
         return remote_shard_index(shard, layout)
-    stat = os.stat(shard)
-    source, digest = {"bytes": stat.st_size, "mtime_ns": stat.st_mtime_ns}, shard_digest(shard)
+    try:
+        stat = os.stat(shard)
+        source, digest = {"bytes": stat.st_size, "mtime_ns": stat.st_mtime_ns}, shard_digest(shard)
+    except OSError as e:  # a link to nothing, a shard this user may not read
+        raise DataError(f"{shard}: cannot be read ({e.strerror})") from None
     beside = shard + ".idx"
     cached = os.path.join(
         INDEX_CACHE,
@@ -927,6 +970,7 @@ def _scan_shard(shard, layout):
                 )
             labels.append(_feature_values(f, features["image/class/label"])[0])
             lines.append(f"{start} {length}\n")
+            check_sample(shard, f"record {i}", _feature_values(f, features["image/encoded"])[0])
     else:
         for key, parts, tar in _tar_samples(shard):
             images = [ext for ext in parts if ext in WDS_IMAGE_EXTENSIONS]
@@ -935,6 +979,7 @@ def _scan_shard(shard, layout):
                     f"{shard}: sample {key} has {', '.join(sorted(parts))}; expected one image "
                     f"({', '.join(WDS_IMAGE_EXTENSIONS)}) and a .cls label"
                 )
+            check_sample(shard, f"sample {key}", tar.extractfile(parts[images[0]]).read())
             text = tar.extractfile(parts["cls"]).read()
             if not (text.isdigit() and len(text) <= LABEL_DIGITS):
                 raise DataError(
@@ -952,6 +997,13 @@ def _scan_shard(shard, layout):
     return "".join(lines), [min(labels), max(labels)], len(labels)
 
 
+def check_sample(shard, which, image):
+    """A ``DataError`` naming a shard's sample whose JPEG or PNG header is broken
+    (broken_header)."""
+    if image[:8].startswith(PARSED_HEADERS) and (why := broken_header(io.BytesIO(image))):
+        raise DataError(f"{shard}: {which}: {why}; write the shard again without it")
+
+
 def _varint(f):
     """One protobuf varint read from ``f``."""
     value = shift = 0
@@ -966,9 +1018,10 @@ def _varint(f):
 
 
 def _tfrecord_records(shard):
-    """(index, offset, length, {feature name: (offset, length)}, open file) of each record of a
-    TFRecord file. Values are located, not read: indexing an ImageNet shard reads its names and
-    labels, not its JPEGs."""
+    """(index, offset, length, {feature name: (offset, length)}, record) of each record of a
+    TFRecord file, ``record`` its Example as a file in memory, where the features' offsets point.
+    Both of a record's checksums are checked: a byte changed since the shard was written is one
+    line naming the record, not a picture trained on."""
     size = os.path.getsize(shard)
     with open(shard, "rb") as f:
         i = 0
@@ -976,6 +1029,8 @@ def _tfrecord_records(shard):
             start = f.tell()
             # uint64 length, uint32 masked CRC of the length, the Example, its CRC
             header = f.read(12)
+            if len(header) == 12 and struct.unpack("<I", header[8:])[0] != masked_crc(header[:8]):
+                raise changed_record(shard, i, start)
             end = (
                 start + 12 + (struct.unpack("<Q", header[:8])[0] if len(header) == 12 else size) + 4
             )
@@ -985,30 +1040,44 @@ def _tfrecord_records(shard):
                     "past "
                     f"the end of the file); write it again"
                 )
+            data = f.read(end - start - 16)
+            if struct.unpack("<I", f.read(4))[0] != masked_crc(data):
+                raise changed_record(shard, i, start)
+            record = io.BytesIO(data)
             features = {}
             try:
-                if (
-                    f.tell() < end - 4
-                ):  # Example.features: a tag and a length, then the map's entries
-                    _varint(f)
-                    _varint(f)
-                while f.tell() < end - 4:  # Features.feature, a map: entries of key = 1, value = 2
-                    _varint(f)
-                    entry_end = _varint(f) + f.tell()
+                if record.tell() < len(data):  # Example.features: a tag and a length, then the map
+                    _varint(record)
+                    _varint(record)
+                while record.tell() < len(data):  # Features.feature, a map: key = 1, value = 2
+                    _varint(record)
+                    entry_end = _varint(record) + record.tell()
                     key = value = None
-                    while f.tell() < entry_end:
-                        field, length = _varint(f) >> 3, _varint(f)
+                    while record.tell() < entry_end:
+                        field, length = _varint(record) >> 3, _varint(record)
                         if field == 1:
-                            key = f.read(length).decode()
+                            key = record.read(length).decode()
                         else:
-                            value = (f.tell(), length)
-                            f.seek(length, os.SEEK_CUR)
+                            value = (record.tell(), length)
+                            record.seek(length, os.SEEK_CUR)
                     features[key] = value
             except (EOFError, UnicodeDecodeError):
                 raise DataError(f"{shard}: record {i} is not a tf.train.Example") from None
-            yield i, start, end - start, features, f
-            f.seek(end)
+            yield i, start, end - start, features, record
             i += 1
+
+
+def changed_record(shard, i, start):
+    return DataError(
+        f"{shard}: record {i} at byte {start} fails its checksum (a byte changed since the shard "
+        "was written); write the shard again"
+    )
+
+
+def masked_crc(data):
+    """TFRecord's checksum: CRC-32C, rotated and offset as TensorFlow masks it."""
+    crc = google_crc32c.value(data)
+    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
 
 
 def _feature_values(f, where):
@@ -1172,7 +1241,7 @@ def _image_size(name, data):
             f"{name}: cannot decode this image (PIL does not know it as an image); remove or "
             "replace it"
         ) from None
-    except OSError as e:
+    except (OSError, Image.DecompressionBombError) as e:  # PIL's limit: ~179 M pixels
         raise DataError(
             f"{name}: cannot decode this image (PIL: {e}); remove or replace it"
         ) from None
@@ -1381,17 +1450,19 @@ def first_nonfinite(paths, threads=8):
         return next((path for path, ok in zip(paths, finite) if not ok), None)
 
 
-def first_mask_above(lbls, limit, threads=8, ignore=None):
-    """(path, largest value) of the first mask in ``lbls`` that holds a value above ``limit``
-    (``ignore`` aside), or None: every mask is read, on ``threads`` threads."""
+def scan_masks(lbls, limit, threads=8, ignore=None):
+    """((path, largest value) of the first mask in ``lbls`` that holds a value above ``limit``, or
+    None; how many masks hold a class above 0), ``ignore``'s pixels aside: every mask is read
+    once, on ``threads`` threads."""
 
     def largest_kept(path):
         mask = load_npy(path)
         return int(mask[mask != ignore].max(initial=0) if ignore is not None else mask.max())
 
     with ThreadPoolExecutor(threads) as pool:
-        largest = pool.map(largest_kept, lbls)
-        return next(((path, value) for path, value in zip(lbls, largest) if value > limit), None)
+        largest = list(pool.map(largest_kept, lbls))
+    above = next(((path, value) for path, value in zip(lbls, largest) if value > limit), None)
+    return above, sum(value > 0 for value in largest)
 
 
 def check_segmentation_files(imgs, lbls):

@@ -6,6 +6,7 @@ its defaults (``parser.set_defaults``) around these.
 """
 
 import argparse
+import difflib
 import math
 import os
 import sys
@@ -26,6 +27,9 @@ def number(kind, allowed, ok):
 
 
 at_least_1 = number(int, "at least 1", lambda v: v >= 1)
+# The largest image side a size flag takes: larger ones would only fail to allocate their batches.
+MAX_SIDE = 8192
+side = number(int, f"in [1, {MAX_SIDE}]", lambda v: 1 <= v <= MAX_SIDE)
 at_least_0 = number(int, "at least 0", lambda v: v >= 0)
 positive = number(float, "> 0", lambda v: v > 0)
 non_negative = number(float, ">= 0", lambda v: v >= 0)
@@ -67,7 +71,65 @@ def new_parser(description):
     )
     # A bad flag ends the run as every usage error does: one `error:` line, exit status 2.
     parser.error = lambda message: parser.exit(2, f"error: {message}\n")
+    parser.add_argument(
+        "data_dir", nargs="?", metavar="DIR", help="DALI's ResNet-50 example's place for --data"
+    )
     return parser
+
+
+# Flags of the projects a command is often brought from (torchvision's references, timm's train.py,
+# DALI's ResNet-50 example) that name no feature here, or one under another shape: what to write.
+FOREIGN = {
+    "--drop-path": "timm's stochastic depth: not here (torchvision's models set their own); "
+    "leave it out",
+    "--drop": "timm's dropout rate: not here (torchvision's models set their own); leave it out",
+    "--pretrained": "timm's and DALI's example's: here --weights NAME, a torchvision weights name "
+    "such as ResNet50_Weights.IMAGENET1K_V2",
+    "--torchcompile": "timm's: here --compile (the default on a GPU) and --compile-mode",
+    "--input-size": "timm's C H W: here --crop-size SIZE (3 channels)",
+    "--crop-pct": "timm's: here --val-resize-size, the crop's size / crop-pct",
+    "--interpolation": "not here: resizes are bilinear (antialiased), as torchvision's reference's",
+    "--mixup-prob": "timm's: here every batch is mixed (--mixup-alpha, --cutmix-alpha)",
+    "--mixup-switch-prob": "timm's: here mixup and cutmix take half of the batches each",
+    "--color-jitter": "not here: the augmentations are --auto-augment's and --random-erase",
+    "--dist-bn": "timm's: here --sync-bn",
+    "--experiment": "timm's: here --output-dir",
+    "--checkpoint-hist": "not here: a run keeps checkpoint.pth and best.pth",
+    "--start-epoch": "torchvision's: here a --resume checkpoint knows its epoch and step",
+    "--fp16-mode": "DALI's example's: here --amp fp16 (with torch's dynamic loss scaling)",
+    "--static-loss-scale": "DALI's example's: here --amp fp16 scales the loss dynamically",
+    "--prof": "DALI's example's: not here; bench.py measures the loaders",
+    "--disable_dali": "DALI's example's: here every run reads with DALI (--loader synthetic "
+    "for the model's own rate)",
+    "--world-size": "torchvision's: here torchrun's --nproc_per_node and --nnodes",
+    "--local-rank": "torchrun sets LOCAL_RANK for each process: leave it out",
+    "--local_rank": "torchrun sets LOCAL_RANK for each process: leave it out",
+}
+
+
+def refuse_foreign(parser, argv):
+    """A flag this script does not know ends the run in one line: what FOREIGN says of it, else
+    the closest flag of ours."""
+    known = parser._option_string_actions
+    for token in argv:
+        flag = token.split("=", 1)[0]
+        if not flag.startswith("-") or flag in known or flag in ("-", "--") or is_number(flag):
+            continue
+        if not flag.startswith("--") and flag[:2] in known:  # a short flag with its value: -b32
+            continue
+        if flag in FOREIGN:
+            parser.error(f"{flag}: {FOREIGN[flag]}")
+        close = difflib.get_close_matches(flag, list(known), n=1, cutoff=0.6)
+        hint = f"did you mean {close[0]}?" if close else "see --help"
+        parser.error(f"unrecognized argument {flag}: {hint}")
+
+
+def is_number(text):
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 def demo_help(what, defaults):
@@ -84,6 +146,13 @@ def add_loader_flags(group):
         "--dali-device",
         choices=["gpu", "cpu"],
         help="where DALI runs (default: gpu where the model is on CUDA)",
+    )
+    group.add_argument(
+        "--dali_cpu",
+        action="store_const",
+        const="cpu",
+        dest="dali_device",
+        help="DALI's ResNet-50 example's name for --dali-device cpu",
     )
     group.add_argument(
         "--loader",
@@ -118,7 +187,7 @@ def add_model_flags(group, weights_example):
         "--model-ema-decay",
         type=number(float, "in (0, 1)", lambda v: 0 < v < 1),
         default=0.99998,
-        help="EMA decay for a 1024-image reference, as torchvision's",
+        help="EMA decay for a 1024-image reference, as torchvision's (not timm's per-step decay)",
     )
 
 
@@ -126,7 +195,13 @@ def add_optimisation_flags(g):
     """The optimisation flags; ``--epochs``, ``-b``, ``--lr-scheduler`` and ``--lr-warmup-epochs``
     get their defaults from the trainer."""
     g.add_argument("--epochs", type=at_least_1, help="epochs to train")
-    g.add_argument("-b", "--batch-size", type=at_least_1, help="images per process (per GPU)")
+    g.add_argument(
+        "-b",
+        "--batch-size",
+        type=at_least_1,
+        help="images per process (per GPU); as torchvision's references, 32 where the trainer "
+        "sets none (train_classify.py: 256 on a GPU)",
+    )
     g.add_argument("--opt", choices=["sgd", "adamw"], default="sgd", help="optimizer")
     rate = g.add_mutually_exclusive_group()
     rate.add_argument(
@@ -138,11 +213,17 @@ def add_optimisation_flags(g):
         "--lr-base",
         type=positive,
         default=0.1,
-        help="the learning rate per --lr-base-size images, scaled to the global batch, as timm's: "
-        "lr = lr_base x global batch / lr_base_size; used where --lr is not given",
+        help="the learning rate per --lr-base-size images, scaled to the global batch as timm's "
+        "(--lr-base-scale); used where --lr is not given",
     )
     g.add_argument(
         "--lr-base-size", type=at_least_1, default=256, help="the batch size --lr-base is for"
+    )
+    g.add_argument(
+        "--lr-base-scale",
+        choices=["linear", "sqrt"],
+        help="lr = lr_base x (global batch / lr_base_size), or its square root (default: as timm's, "
+        "sqrt for adamw, linear for sgd)",
     )
     g.add_argument("--momentum", type=below_one, default=0.9, help="SGD momentum")
     g.add_argument(
@@ -155,19 +236,27 @@ def add_optimisation_flags(g):
     )
     g.add_argument(
         "--clip-grad-norm",
+        "--clip-grad",
         type=non_negative,
         default=0.0,
         help="clip the gradients' total norm (0: off)",
     )
     g.add_argument(
         "--lr-scheduler",
+        "--sched",
         type=scheduler_name,
         choices=["cosine", "step", "poly", "exponential"],
         help="decay after warm-up, stepped every iteration (exponential: x --lr-gamma at each "
         "epoch's start, as torchvision's stepped per epoch); torchvision's names steplr, "
-        "cosineannealinglr and exponentiallr are step, cosine and exponential",
+        "cosineannealinglr and exponentiallr are step, cosine and exponential; timm's --sched",
     )
-    g.add_argument("--lr-warmup-epochs", type=non_negative, help="warm-up epochs")
+    g.add_argument(
+        "--lr-warmup-epochs",
+        "--warmup-epochs",
+        type=non_negative,
+        help="warm-up epochs; the schedule starts after them, as torchvision's (timm's "
+        "--warmup-epochs overlaps its schedule's first epochs)",
+    )
     g.add_argument(
         "--lr-warmup-method", choices=["linear", "constant"], default="linear", help="warm-up shape"
     )
@@ -178,16 +267,27 @@ def add_optimisation_flags(g):
         help="warm-up starts at this share of the lr",
     )
     g.add_argument(
-        "--lr-step-size", type=at_least_1, default=30, help="step schedule: epochs between decays"
+        "--warmup-lr",
+        type=positive,
+        help="timm's: the rate the warm-up starts at, in place of --lr-warmup-decay's share",
+    )
+    g.add_argument(
+        "--lr-step-size",
+        "--decay-epochs",
+        type=at_least_1,
+        default=30,
+        help="step schedule: epochs between decays (timm's --decay-epochs)",
     )
     g.add_argument(
         "--lr-gamma",
+        "--decay-rate",
         type=non_negative,
         default=0.1,
         help="step and exponential schedules: factor per decay",
     )
     g.add_argument(
         "--lr-min",
+        "--min-lr",
         type=non_negative,
         default=0.0,
         help="cosine schedule: the final lr, a rate itself as --lr is (not scaled by the batch)",
@@ -226,6 +326,7 @@ def add_optimisation_flags(g):
     )
     g.add_argument(
         "--use-deterministic-algorithms",
+        "--deterministic",
         action="store_true",
         help="torch's deterministic kernels only (an error where an op has none), cuDNN's "
         "benchmark off",
@@ -241,6 +342,7 @@ def add_optimisation_flags(g):
 def add_output_flags(g, runs_dir):
     g.add_argument(
         "--output-dir",
+        "--output",
         help=f"the run's folder (default: a new {runs_dir}/expN, or --resume's folder); with "
         "--predict, where the predictions go (required)",
     )
@@ -264,6 +366,7 @@ def add_output_flags(g, runs_dir):
     )
     g.add_argument(
         "--evaluate",
+        "-e",
         "--test-only",
         action="store_true",
         help="only validate the --resume model (with --model-ema, its EMA)",
@@ -276,6 +379,8 @@ def add_output_flags(g, runs_dir):
     )
     g.add_argument(
         "--print-freq",
+        "-p",
+        "--log-interval",
         type=at_least_1,
         default=50,
         help="log a line every N steps (and at least every 30 s)",
@@ -290,9 +395,11 @@ def add_output_flags(g, runs_dir):
 
 def parse(parser, argv, demo_defaults):
     """The flags, with --data demo's defaults where it is given, and the rules both trainers
-    share."""
+    share (check_rules)."""
+    argv = sys.argv[1:] if argv is None else argv
+    refuse_foreign(parser, argv)
     args = parser.parse_args(argv)
-    if args.data == "demo":
+    if args.data == "demo" or args.data_dir == "demo":
         parser.set_defaults(**demo_defaults)
         args = parser.parse_args(argv)
     # The flags the command line sets (a namespace that already holds every flag takes no
@@ -300,6 +407,27 @@ def parse(parser, argv, demo_defaults):
     unset = argparse.Namespace(**{a.dest: None for a in parser._actions})
     given = sorted(k for k, v in vars(parser.parse_args(argv, unset)).items() if v is not None)
     args.given = {k: parser.get_default(k) for k in given}
+    dali_example = args.data_dir is not None or {"-a", "--dali_cpu"} & set(argv)
+    if args.data_dir is not None:  # DALI's example's positional folder
+        if args.data is not None:
+            parser.error(f"{args.data_dir}: a data folder besides --data {args.data}; pass one")
+        args.data, args.given["data"] = args.data_dir, None
+    del args.data_dir
+    args.given.pop("data_dir", None)
+    if dali_example and "lr" in args.given and os.environ.get("RANK", "0") == "0":
+        print(
+            f"note: --lr {args.lr} is the learning rate itself, as torchvision's; DALI's ResNet-50 "
+            f"example scales its --lr by the global batch / 256, as --lr-base does here",
+            file=sys.stderr,
+            flush=True,
+        )
+    args.demo = args.data == "demo"  # the log says which settings are the demo's
+    check_rules(parser, args)
+    return args
+
+
+def check_rules(parser, args):
+    """The rules that tie the shared flags, each a one-line error."""
     if args.data is None and not args.predict:
         parser.error("the following arguments are required: --data/--data-path")
     if args.predict and not (args.resume or args.weights) or args.predict and not args.output_dir:
@@ -315,12 +443,17 @@ def parse(parser, argv, demo_defaults):
     # One of the two says the rate, the other is None: a checkpoint's args say which it was.
     if "lr" in args.given:
         args.lr_base = None
+    if "warmup_lr" in args.given and "lr_warmup_decay" in args.given:
+        parser.error(
+            f"--warmup-lr {args.warmup_lr}: sets where the warm-up starts, as --lr-warmup-decay "
+            f"{args.lr_warmup_decay} does; pass one of the two"
+        )
     if "compile_mode" in args.given and args.compile is False:
         parser.error(
             f"--compile-mode {args.compile_mode}: sets how the model is compiled, and --no-compile "
             f"turns compiling off; pass one of the two"
         )
-    if args.batch_size < 2 and not (args.evaluate or args.predict):
+    if (args.batch_size or 2) < 2 and not (args.evaluate or args.predict):
         parser.error(
             "--batch-size must be at least 2 for training (BatchNorm needs more than one sample)"
         )
@@ -344,4 +477,3 @@ def parse(parser, argv, demo_defaults):
             "--evaluate scores the model of --resume CHECKPOINT; pass one "
             "(without it the weights are random)"
         )
-    return args

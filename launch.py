@@ -42,6 +42,10 @@ if __name__ == "__main__":
     # torchrun's --signals-to-handle default, read from its PET_ variable, with the other stop
     # signals of the workers (training.STOP_SIGNALS) added
     os.environ.setdefault("PET_SIGNALS_TO_HANDLE", "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1,SIGUSR2")
+    # Each rendezvous round's workers meet in a store of their own (on a new port), not in the
+    # agent's, which outlives them: where nodes join and leave (--nnodes MIN:MAX) the agents count
+    # their restarts differently, and no count names a round they all share.
+    os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     try:
         main()
     except SignalException as e:  # the workers have had the signal and have ended

@@ -123,11 +123,10 @@ def parse_args(argv=None):
 if __name__ == "__main__":
     parse_args()  # --help and a bad flag answer here, before DALI (through data_sources) loads
 
-import google_crc32c
 from PIL import Image
 
 from data_processing import eight_bits
-from data_sources import DataError, check_image_heads, list_image_folder, shard_index
+from data_sources import DataError, check_image_heads, list_image_folder, masked_crc, shard_index
 from outputs import atomic_open, atomic_temp_pattern, progress
 
 SPLITS = ("train", "val")
@@ -160,12 +159,6 @@ def tf_example(image, label):
     return _field(
         1, b"".join(_field(1, _field(1, k.encode()) + _field(2, v)) for k, v in features.items())
     )
-
-
-def masked_crc(data):
-    """TFRecord's checksum: CRC-32C, rotated and offset as TensorFlow masks it."""
-    crc = google_crc32c.value(data)
-    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
 
 
 def encoded(path, max_size=None, quality=90):
@@ -502,6 +495,9 @@ def main(argv=None):
     except (DataError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
+    except KeyboardInterrupt:  # the shards written whole stay; the one being written is not kept
+        print("interrupted: the shards written so far are whole", file=sys.stderr)
+        sys.exit(130)
 
 
 if __name__ == "__main__":

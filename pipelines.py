@@ -303,15 +303,18 @@ class ClassifyTrainPipeline(_ClassifyPipeline):
                 device=self.decoder_device, output_type=types.RGB, **crop, **self.decoder_args
             )
         if crop_sizes is not None:
-            # The size comes into the graph as an input read every batch, not as an operator's
-            # fixed argument: the one pipeline (and its decoder cache) serves every epoch. A cached
-            # image's crop, at crop_size, is resized again to the epoch's.
-            self.epoch_crop_size = ops.ExternalSource(
-                source=self.batch_crop_sizes, batch=True, batch_info=True
-            )
-            self.resize = antialiased_resize(self.device_id, self.num_threads, None)
+            self.build_epoch_resize()
         elif not self.cached:
             self.resize = antialiased_resize(self.device_id, self.num_threads, size)
+
+    def build_epoch_resize(self):
+        # The size comes into the graph as an input read every batch, not as an operator's fixed
+        # argument: the one pipeline (and its decoder cache) serves every epoch. A cached image's
+        # crop, at crop_size, is resized again to the epoch's.
+        self.epoch_crop_size = ops.ExternalSource(
+            source=self.batch_crop_sizes, batch=True, batch_info=True
+        )
+        self.resize = antialiased_resize(self.device_id, self.num_threads, None)
 
     def build_auto_augment(self, name, crop_size):
         policy = choice("auto_augment", name, AUTO_AUGMENT)

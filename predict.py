@@ -16,6 +16,9 @@ from training import UsageError, named_as, read_weights
 
 # What --predict reads: PNG and JPEG files, known by their extension (any case).
 PREDICT_EXTENSIONS = (".png", ".jpg", ".jpeg")
+# The file that marks a folder --predict wrote into: a later --predict on a folder holding it does
+# not predict on those outputs.
+OUTPUT_MARK = ".predictions"
 # The largest image --predict takes: DALI 2.4's CPU decoder decoded a 5,000 x 5,000 PNG and failed
 # with std::bad_alloc on 8,000 x 8,000; the segmentation outputs are as large again, many times.
 PREDICT_MAX_PIXELS = 5000 * 5000
@@ -64,7 +67,8 @@ def load_to_predict(model, ckpt, args, world):
 
 def images_to_predict(args, world, writes_images=True):
     """Every PNG or JPEG file under --predict DIR, in any subfolder, sorted; none inside
-    --output-dir, which may lie within DIR: a second run must not predict on the first's output.
+    --output-dir, which may lie within DIR, or inside an earlier --predict's (it holds OUTPUT_MARK):
+    a second run must not predict on the first's output.
     A trainer that ``writes_images`` refuses an --output-dir that is DIR or holds it (its outputs
     would land among the images, on their names); each process needs an image (DALI's shards)."""
     root = args.predict
@@ -79,11 +83,14 @@ def images_to_predict(args, world, writes_images=True):
             f"--output-dir {args.output_dir}: is --predict {root} or holds it, so the masks would "
             "be written among the images; pass a folder outside DIR (or one within it)"
         )
+    found = walk(root)
+    outputs = [os.path.join(os.path.dirname(f), "") for f in found if f.endswith(OUTPUT_MARK)]
     files = [
         f
-        for f in walk(root)
+        for f in found
         if f.lower().endswith(PREDICT_EXTENSIONS)
         and (holds_root or not os.path.abspath(f).startswith(out))
+        and not f.startswith(tuple(outputs))  # another --predict's outputs
     ]
     if not files:
         raise UsageError(
@@ -104,20 +111,24 @@ def check_sizes(files):
     (PIL reads no pixels to say its size), before any is decoded."""
     for path in files:
         with contextlib.suppress(OSError):  # not an image: DALI's decoder names it
-            with Image.open(path) as im:
-                width, height = im.size
-            if width * height > PREDICT_MAX_PIXELS:
+            try:
+                with Image.open(path) as im:
+                    size = f"{im.width} x {im.height} pixels"
+                    small = im.width * im.height <= PREDICT_MAX_PIXELS
+            except Image.DecompressionBombError:  # over PIL's own limit, ~179 M pixels
+                size, small = "more pixels than PIL opens", False
+            if not small:
                 raise UsageError(
-                    f"{path}: {width} x {height} pixels, more than --predict takes "
-                    f"({PREDICT_MAX_PIXELS:,} pixels: DALI's CPU decoder runs out of memory on "
-                    "larger ones); downscale it first"
+                    f"{path}: {size}, more than --predict takes ({PREDICT_MAX_PIXELS:,} pixels: "
+                    "DALI's CPU decoder runs out of memory on larger ones); downscale it first"
                 )
 
 
-def refuse_overwrite(args, outputs):
+def refuse_overwrite(args, outputs, writes_images=True):
     """``outputs``, (file to write, the input it comes from) pairs: refused in one line where two
     inputs would write one file, or, without --overwrite, where a file exists; an --output-dir
-    that is a file is refused. Every process checks before any writes."""
+    that is a file is refused. Every process checks before any writes. A trainer that
+    ``writes_images`` marks --output-dir (OUTPUT_MARK): no --predict takes them for its input."""
     if os.path.exists(args.output_dir) and not os.path.isdir(args.output_dir):
         raise UsageError(
             f"--output-dir {args.output_dir}: is a file; expected a folder for the predictions"
@@ -133,6 +144,9 @@ def refuse_overwrite(args, outputs):
         raise UsageError(
             f"{found}: exists; pass --overwrite to replace it, or another --output-dir"
         )
+    if writes_images and (not dist.is_initialized() or dist.get_rank() == 0):
+        with written(os.path.join(args.output_dir, OUTPUT_MARK)) as f:
+            f.write(b"--predict's outputs\n")
     if dist.is_initialized():
         dist.barrier()  # no process writes before every one has checked
 

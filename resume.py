@@ -43,6 +43,18 @@ TO_RESUME = (
     "args",
 )
 TO_EVALUATE = ("model", "classes", "args")
+# The types of what a resume reads of a checkpoint beside the state dicts.
+CHECKPOINT_TYPES = dict(
+    epoch=int,
+    step=int,
+    world_size=int,
+    num_samples=int,
+    batch_size=int,
+    best=float,
+    classes=list,
+    rng=list,
+    model=dict,
+)
 
 # This command's own, never the checkpoint's: which checkpoint, where the data and the run folder
 # are, what the command does; the decoder cache is the run's by a rule of its own (decoder_cache).
@@ -58,6 +70,7 @@ COMMAND_FLAGS = (
     "dist_url",
     "tta",
     "given",
+    "demo",
 )
 # The run's plumbing, which a continuation may change: this command's, said where given otherwise.
 MAY_CHANGE = (
@@ -84,7 +97,7 @@ SCHEDULE_FLAGS = (
     "lr_gamma",
 )
 # The flags that set the learning rate (training.learning_rate).
-RATE_FLAGS = ("lr", "lr_base", "lr_base_size")
+RATE_FLAGS = ("lr", "lr_base", "lr_base_size", "lr_base_scale")
 # What --evaluate and --predict take from the checkpoint unless given: the model's flags and the
 # sizes its run validated at. A given size scores at that size; another given model is refused.
 SCORED_AS_TRAINED = (
@@ -119,6 +132,13 @@ def load(args, world):
             f"--resume {args.resume}: lacks {', '.join(missing)}, which {script()} writes in "
             f"every checkpoint (an older version's or an edited file); start anew, or --weights it"
         )
+    saved = [(k, ckpt[k]) for k in CHECKPOINT_TYPES if k in ckpt]
+    saved += [(f"args.{k}", ckpt["args"][k]) for k in ("batch_size",) if k in ckpt["args"]]
+    if wrong := [k for k, v in saved if not of_type(v, CHECKPOINT_TYPES[k.removeprefix("args.")])]:
+        raise UsageError(
+            f"--resume {args.resume}: its {', '.join(wrong)} of another type than {script()} "
+            f"writes (an edited or damaged file); start anew, or --weights it"
+        )
     if args.weights and world.main:
         print(
             f"--weights {args.weights}: not loaded; --resume {args.resume} brings its own weights",
@@ -132,6 +152,14 @@ def load(args, world):
             f"or --weights it"
         )
     return ckpt
+
+
+def of_type(value, kind):
+    """Whether ``value`` is a ``kind`` as torch.load gives it back (a float may be a whole number,
+    or infinite; a bool is no number)."""
+    if kind is float:
+        kind = (int, float)
+    return isinstance(value, kind) and not isinstance(value, bool)
 
 
 def load_checkpoint(path):
@@ -226,11 +254,15 @@ def take_run_rate(args, ckpt, world, source):
     saved = ckpt["args"]
     given = {k for k in saved.get("given", ()) if k in RATE_FLAGS}
     older = "lr_base" not in saved
+    # a run from before --lr-base-scale scaled --lr-base linearly
+    rate = dict(opt=saved.get("opt"), lr_base_scale=saved.get("lr_base_scale", "linear"))
     if not older:
-        then = argparse.Namespace(given=given, **{k: saved.get(k) for k in RATE_FLAGS})
+        then = argparse.Namespace(given=given, **{**{k: saved.get(k) for k in RATE_FLAGS}, **rate})
     elif "lr" in saved:
         given = {"lr_base"} if "lr" in given else set()
-        then = argparse.Namespace(given=given, lr=None, lr_base=saved["lr"], lr_base_size=256)
+        then = argparse.Namespace(
+            given=given, lr=None, lr_base=saved["lr"], lr_base_size=256, **rate
+        )
     else:
         return
     global_batch = saved["batch_size"] * ckpt["world_size"]

@@ -154,6 +154,18 @@ def test_auto_augment_adds_each_loader_with_the_policy(quick_run, tmp_path):
         rows = json.load(f)["classification"]
     assert [row["loader"] for row in rows] == ["dataloader", "dataloader-ta_wide"]
     assert all(row["img_per_s"] > 0 for row in rows)
+    # a word that names no loader measured nothing and exited 0
+    typo = subprocess.run(
+        [sys.executable, "bench.py", "--quick", "--cache-dir", str(cache), "--only", "datalaoder"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert typo.returncode == 2
+    assert typo.stderr.splitlines()[-1].startswith(
+        "error: --only datalaoder: datalaoder names none of "
+    )
 
 
 def test_ddp_report_gives_each_row_its_share_of_synthetic_and_its_scaling(tmp_path, capsys):

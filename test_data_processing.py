@@ -691,3 +691,40 @@ def test_demo_sizes_are_bounded_before_anything_is_drawn(tmp_path, capsys, flag,
         .endswith(f": error: argument {flag}: must be in {allowed}, got {value}")
     )
     assert not (tmp_path / "png").exists()
+
+
+CTRL_C = """
+import os, signal, sys
+sys.path.insert(0, {here!r})
+import data_processing
+converted = []
+real = data_processing._convert
+def convert_then_interrupt(*args):
+    converted.append(1)
+    if len(converted) == 3:  # Ctrl-C in the middle of the conversion
+        os.killpg(os.getpgrp(), signal.SIGINT)
+    return real(*args)
+data_processing._convert = convert_then_interrupt
+data_processing.main()
+"""
+
+
+def test_ctrl_c_is_one_line_and_leaves_whole_files(tmp_path):
+    here = os.path.dirname(os.path.abspath(__file__))
+    (tmp_path / "spy.py").write_text(CTRL_C.format(here=here))
+    src, dst = tmp_path / "png", tmp_path / "npy"
+    proc = subprocess.run(
+        [sys.executable, str(tmp_path / "spy.py"), str(src), str(dst), "--demo"]
+        + ["--demo-per-group", "2"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        start_new_session=True,
+    )
+    assert proc.returncode == 130, proc.stderr
+    assert proc.stderr.splitlines()[-1] == (
+        "interrupted: what was written is whole; run it again to finish"
+    )
+    assert "Traceback" not in proc.stderr
+    left = [f for _, _, names in os.walk(dst) for f in names if ".partial" in f or ".tmp" in f]
+    assert not left

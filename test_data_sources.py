@@ -1063,3 +1063,48 @@ def test_ra_sampler_refuses_shards_and_sets_under_256(split_root, fmt="tfrecord"
         ClassifyTrainPipeline(4, 1, None, str(to_shards(split_root, fmt) / "train"), ra_reps=3)
     with pytest.raises(DataError, match="--ra-sampler: 21 training samples leave no batch"):
         ClassifyTrainPipeline(4, 1, None, str(split_root / "train"), ra_reps=3)
+
+
+def test_a_byte_changed_in_a_tfrecord_and_a_shard_that_cannot_be_read_are_one_line(split_root):
+    """A flipped byte in a record's image trained unnoticed: its checksum names the record now,
+    as the shard is indexed again (its bytes changed). A shard that is a link to nothing was a
+    traceback."""
+    dst = to_shards(split_root, "tfrecord")
+    shard = shard_files(str(dst / "train"), "tfrecord")[0]
+    start, length = (int(v) for v in last_index_line(shard))
+    with open(shard, "r+b") as f:  # a byte inside the last record's image
+        f.seek(start + length // 2)
+        byte = f.read(1)
+        f.seek(start + length // 2)
+        f.write(bytes([byte[0] ^ 0x10]))
+    os.utime(shard, ns=(1, 1))  # as a copy would leave it: another time, so it is indexed again
+    records = int(json.loads(open(shard + ".idx.json").read())["samples"])
+    with pytest.raises(
+        DataError, match=rf"^{shard}: record {records - 1} at byte {start} fails its checksum"
+    ):
+        ClassifyValPipeline(4, 1, None, str(dst / "train"))
+    os.remove(shard)
+    os.symlink(str(dst / "gone.tfrecord"), shard)
+    with pytest.raises(DataError, match=rf"^{shard}: cannot be read \(No such file or directory\)"):
+        ClassifyValPipeline(4, 1, None, str(dst / "train"))
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_jpeg_whose_header_breaks_after_its_first_marker_is_named_in_a_shard(tmp_path, fmt):
+    """Random bytes after FF D8 FF E0: DALI 2.4's parser killed the process (SIGSEGV) in a
+    pipeline's first batch, inside a shard too; the index's scan names the sample."""
+    good = tmp_path / "good.png"
+    Image.new("RGB", (20, 20), (10, 90, 160)).save(good)
+    bad = tmp_path / "bad.jpg"
+    bad.write_bytes(
+        b"\xff\xd8\xff\xe0" + np.random.default_rng(0).integers(0, 256, 3000, np.uint8).tobytes()
+    )
+    name = "train-00000-of-00001" if fmt == "tfrecord" else "train-000000.tar"
+    (tmp_path / "train").mkdir()
+    write_shard(tmp_path / "train" / name, fmt, [(str(good), 0), (str(bad), 1), (str(good), 0)])
+    which = "record 1" if fmt == "tfrecord" else "sample s1"
+    with pytest.raises(
+        DataError,
+        match=rf"^{tmp_path / 'train' / name}: {which}: cannot decode this image: its header is broken",
+    ):
+        ClassifyTrainPipeline(32, 1, None, str(tmp_path / "train"), crop_size=16, num_classes=2)

@@ -643,3 +643,37 @@ def test_a_file_that_is_not_an_image_is_refused_before_any_shard_is_written(
         "remove or replace it",
     )
     assert not (tmp_path / "dst").exists()
+
+
+CTRL_C = """
+import os, signal, sys
+sys.path.insert(0, {here!r})
+import make_shards
+calls = []
+def write_then_interrupt(real):
+    def write(f, *args):
+        calls.append(1)
+        if len(calls) == 2:  # Ctrl-C as the second shard is written: the terminal's whole group
+            os.killpg(os.getpgrp(), signal.SIGINT)
+        return real(f, *args)
+    return write
+make_shards.write_tfrecord = write_then_interrupt(make_shards.write_tfrecord)
+make_shards.main()
+"""
+
+
+def test_ctrl_c_is_one_line_and_leaves_whole_shards(src, tmp_path):
+    (tmp_path / "spy.py").write_text(CTRL_C.format(here=HERE))
+    dst = tmp_path / "dst"
+    proc = subprocess.run(
+        [sys.executable, str(tmp_path / "spy.py"), str(src), str(dst), "--format", "tfrecord"]
+        + ["--shard-size", "4", "--workers", "1"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        start_new_session=True,
+    )
+    assert proc.returncode == 130, proc.stderr
+    assert proc.stderr.splitlines()[-1] == "interrupted: the shards written so far are whole"
+    assert "Traceback" not in proc.stderr
+    assert not [n for n in os.listdir(dst / "train") if n.startswith(".")]  # no part file left

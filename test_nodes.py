@@ -8,10 +8,13 @@ each read once across the nodes."""
 import glob
 import json
 import os
+import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
+import time
 from types import SimpleNamespace
 
 import numpy as np
@@ -76,13 +79,13 @@ def free_port():
         return s.getsockname()[1]
 
 
-def two_nodes(tmp_path, script, *flags, cwd, pytorchjob=False):
+def two_nodes(tmp_path, script, *flags, cwd, pytorchjob=False, own=((), ())):
     """Two torchrun launchers, as one per node: --nnodes 2, one process each, one c10d rendezvous
     endpoint and id; the ranks are the rendezvous's to give. With ``pytorchjob``, launch.py with no
     flags of torchrun's, in the environment a PyTorchJob gives each node's pod: torchrun's PET_
     variables (its static rendezvous at node 0's address), and the job's own RANK, WORLD_SIZE and
-    MASTER_ADDR, which torchrun replaces for its workers. Each node's (returncode, stdout,
-    stderr)."""
+    MASTER_ADDR, which torchrun replaces for its workers. ``own``: each node's flags of its own,
+    after the others. Each node's (returncode, stdout, stderr)."""
     port = free_port()
     launcher = [
         sys.executable,
@@ -103,14 +106,14 @@ def two_nodes(tmp_path, script, *flags, cwd, pytorchjob=False):
         envs = [{**CPU_ENV, **job, "RANK": str(n), "PET_NODE_RANK": str(n)} for n in range(2)]
     nodes = [
         subprocess.Popen(
-            [*launcher, str(script), *flags],
+            [*launcher, str(script), *flags, *mine],
             cwd=cwd,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
             env=env,
         )
-        for env in envs
+        for env, mine in zip(envs, own)
     ]
     try:
         ended = [node.communicate(timeout=480) for node in nodes]
@@ -319,3 +322,119 @@ def test_a_demo_build_of_another_node_with_one_process_id_is_left_to_it(tmp_path
     assert os.listdir(other) == ["train"] and sorted(os.listdir(tmp_path)) == sorted(
         [root.name, other.name]
     )
+
+
+@pytest.mark.parametrize("which", ["-b", "--data"])
+def test_nodes_started_with_another_batch_or_other_data_stop_in_one_line(tmp_path, which):
+    """Two nodes given another -b hung at their first step's collective; given sets of other files
+    (as many, the same classes) they trained on both. Each process compares the run it was given
+    with process 0's and the job ends with one line naming the difference."""
+    make_classify_data(tmp_path / "png")
+    shutil.copytree(tmp_path / "png", tmp_path / "other")
+    os.rename(
+        tmp_path / "other" / "train" / "c0" / "0.png", tmp_path / "other" / "train" / "c0" / "x.png"
+    )
+    flags = [*TINY_RUN, "--epochs", "1", "--output-dir", str(tmp_path / "out")]
+    own = {
+        "-b": (["--data", str(tmp_path / "png")], ["--data", str(tmp_path / "png"), "-b", "2"]),
+        "--data": (["--data", str(tmp_path / "png")], ["--data", str(tmp_path / "other")]),
+    }[which]
+    nodes = two_nodes(tmp_path, os.path.join(HERE, "train_classify.py"), *flags, cwd=HERE, own=own)
+    errors = [line for n in nodes for line in n.stderr.splitlines() if line.startswith("error: ")]
+    told = {
+        "-b": r"another --batch-size than process 0 \((2, not 4|4, not 2)\)",
+        "--data": r"another files than process 0",
+    }[which]
+    assert errors and all(
+        re.search(f"^error: process 1 was started with {told}", e) for e in errors
+    ), [n.stderr[-2000:] for n in nodes]
+    assert all(n.returncode != 0 for n in nodes)
+    assert not (tmp_path / "out" / "checkpoint.pth").exists()
+
+
+def worker_pids(launcher):
+    """The processes a torchrun launcher started (its workers run in sessions of their own)."""
+    found = []
+    for task in os.listdir(f"/proc/{launcher}/task"):
+        with open(f"/proc/{launcher}/task/{task}/children") as f:
+            found += [int(pid) for pid in f.read().split()]
+    return found
+
+
+def metrics(out):
+    try:
+        with open(out / "metrics.jsonl") as f:
+            return [json.loads(line) for line in f]
+    except (OSError, ValueError):
+        return []
+
+
+def wait_for(out, done, what, timeout=300):
+    deadline = time.time() + timeout
+    while not done(metrics(out)):
+        assert time.time() < deadline, what
+        time.sleep(0.2)
+
+
+@pytest.mark.parametrize("trainer", ["train_classify.py", "train_segment.py"])
+def test_an_elastic_job_goes_on_as_nodes_leave_and_join(tmp_path, trainer):
+    """torchrun --nnodes 1:2 under launch.py, two launchers on one machine sharing a folder: one
+    killed mid-epoch with its worker (a node lost), the other restarts alone and goes on from the
+    last checkpoint, its epoch's rest read as its run would have; a launcher that joins later makes
+    the job restart and go on with two. Each step is trained and logged once, and both end well."""
+    if trainer == "train_classify.py":
+        two_class = tmp_path / "data"
+        for split, n in (("train", 160), ("val", 8)):
+            for i in range(n):
+                os.makedirs(two_class / split / f"c{i % 2}", exist_ok=True)
+                Image.fromarray(np.full((40, 40, 3), (i % 250, 90, 160), np.uint8)).save(
+                    two_class / split / f"c{i % 2}" / f"{i}.png"
+                )
+        flags = ["--data", str(two_class), *TINY_RUN]
+    else:
+        id_coded_root(tmp_path / "data", 96, valid_fraction=1 / 12, grey_step=2)
+        flags = ["--data", str(tmp_path / "data"), "--size", "32", "--unet-width", "8", "-b", "4"]
+        flags += ["--workers", "1", "--dali-device", "cpu", "--print-freq", "1"]
+    out = tmp_path / "out"
+    port = free_port()
+    cmd = [sys.executable, os.path.join(HERE, "launch.py"), "--nnodes=1:2", "--nproc-per-node=1"]
+    cmd += [
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint=127.0.0.1:{port}",
+        f"--rdzv-id={tmp_path.name}",
+    ]
+    cmd += ["--max-restarts=3", "--rdzv-conf=last_call_timeout=2", os.path.join(HERE, trainer)]
+    cmd += [*flags, "--epochs", "20", "--checkpoint-every", "2", "--resume", "auto"]
+    cmd += ["--output-dir", str(out)]
+
+    def launch(name):  # its output in files: a pipe no one reads would fill and stop it
+        return subprocess.Popen(
+            cmd, cwd=tmp_path, stdout=open(tmp_path / f"{name}.out", "w"),
+            stderr=open(tmp_path / f"{name}.err", "w"), env=CPU_ENV, start_new_session=True,
+        )  # fmt: skip
+
+    first, second, third = launch("first"), launch("second"), None
+    try:
+        wait_for(out, lambda r: sum(x["type"] == "train" for x in r) >= 4, "no training")
+        lost = worker_pids(second.pid)
+        os.killpg(second.pid, signal.SIGKILL)  # the node, its worker too
+        for pid in lost:
+            os.kill(pid, signal.SIGKILL)
+        second.wait()
+        shapes = lambda r: [x["world_size"] for x in r if x["type"] == "new_shape"]  # noqa: E731
+        wait_for(out, lambda r: shapes(r) == [[2, 1]], "no restart with one process")
+        third = launch("third")  # a node joins
+        resumes = lambda r: sum(x["type"] == "resume" for x in r)  # noqa: E731
+        wait_for(out, lambda r: resumes(r) == 2, "no restart with two processes")
+        first.wait(timeout=600), third.wait(timeout=600)
+    finally:
+        for proc in (first, second, third):
+            if proc is not None and proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+    ended = [(tmp_path / f"{name}.err").read_text()[-2000:] for name in ("first", "third")]
+    assert first.returncode == third.returncode == 0, ended
+    records = metrics(out)
+    steps = [r["global_step"] for r in records if r["type"] == "train"]
+    assert steps == list(range(1, len(steps) + 1)) and steps[-1] == records[-2]["global_step"]
+    assert [r["epoch"] for r in records if r["type"] == "epoch"] == list(range(1, 21))
+    assert len(records[-2]["memory"]) == 2  # the last epoch on two processes again

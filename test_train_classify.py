@@ -17,6 +17,7 @@ import sys
 import time
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 import torchvision
@@ -568,7 +569,7 @@ def test_error_bad_progressive_resize(tmp_path, values, needle):
 
 def test_resume_turning_progressive_resize_on_is_refused(tmp_path):
     root, out = tiny_imagefolder(str(tmp_path / "d")), str(tmp_path / "o")
-    tiny_run(root, out)
+    tiny_run(root, out, "--train-crop-size", "96")  # only --progressive-resize differs
     path = os.path.join(out, "checkpoint.pth")
     proc = tiny_run(root, out, *PROGRESSIVE, "--epochs", "2", "--resume", path, check=False)
     assert_one_line_error(proc, f"--resume {path}: its run had no --progressive-resize")
@@ -1599,7 +1600,7 @@ def test_torchvision_flag_names_are_aliases_and_no_prefix_is_taken_for_a_flag():
     proc = run(
         "--data", "x", "--model-e", check=False
     )  # a prefix of --model-ema*: refused, never guessed
-    assert proc.returncode == 2 and "unrecognized arguments: --model-e" in proc.stderr
+    assert proc.returncode == 2 and "unrecognized argument --model-e" in proc.stderr
 
 
 def test_torchvision_device_determinism_and_dist_url_flags_parse_and_set_up(capsys):
@@ -1714,6 +1715,7 @@ def test_lr_is_the_rate_itself_and_lr_base_a_rate_per_lr_base_size_images(tmp_pa
     )
     demo = train_classify.parse_args(["--data", "demo"])
     assert (demo.lr, demo.lr_base, rate(demo, 32)[0]) == (None, 0.2, 0.025)
+    assert rate(demo, 32)[1].endswith(", --data demo's; --lr sets the rate itself")
     assert train_classify.parse_args(["--data", "demo", "--lr", "0.3"]).lr_base is None
     for flags, told in (
         (["--lr", "0.5", "--lr-base", "0.1"], "argument --lr-base: not allowed with argument --lr"),
@@ -2145,4 +2147,207 @@ def test_ra_reps_is_bounded(tmp_path, capsys, reps):
         capsys.readouterr()
         .err.splitlines()[-1]
         .endswith(f"error: argument --ra-reps: must be in [1, 16], got {reps}")
+    )
+
+
+# ------------------------------------------------------------------------------------------
+# a command brought from torchvision, timm or DALI's example
+# ------------------------------------------------------------------------------------------
+
+TIMM = """--data-dir {root} --model resnet18 --sched cosine --warmup-epochs 1 --warmup-lr 1e-4
+--min-lr 1e-5 --smoothing 0.1 --mixup 0.2 --cutmix 1.0 --aa rand-m9-mstd0.5-inc1 --img-size 32
+--reprob 0.25 --clip-grad 1.0 --opt adamw --lr-base 1e-3 -b 16 --epochs 2 --log-interval 1
+--output {out} --workers 1 --dali-device cpu"""
+
+
+def test_timms_flags_are_taken_with_their_meaning_or_refused_with_ours(tmp_path, capsys):
+    """timm's train.py flags name our features: each is taken as timm means it (--lr-base scales by
+    the square root for AdamW, as timm's); one we lack is one line naming where it comes from and
+    what to write; any other unknown flag, the closest of ours. The recipe shrunk trains."""
+    root, out = tiny_imagefolder(str(tmp_path / "d"), per_class=16), str(tmp_path / "o")
+    flags = TIMM.format(root=root, out=out).split()
+    args = train_classify.parse_args(flags)
+    assert (args.data, args.arch, args.lr_scheduler, args.lr_warmup_epochs) == (
+        root,
+        "resnet18",
+        "cosine",
+        1,
+    )
+    assert (args.warmup_lr, args.lr_min, args.label_smoothing) == (1e-4, 1e-5, 0.1)
+    assert (args.mixup_alpha, args.cutmix_alpha, args.auto_augment) == (0.2, 1.0, "ra")
+    assert (args.train_crop_size, args.val_crop_size, args.random_erase) == (32, 32, 0.25)
+    assert (args.clip_grad_norm, args.print_freq, args.output_dir) == (1.0, 1, out)
+    assert training.learning_rate(args, 16) == (
+        2.5e-4,
+        "--lr-base 0.001 x sqrt(global batch 16 / --lr-base-size 256)",
+    )
+    for extra, told in (
+        (["--drop-path", "0.1"], "error: --drop-path: timm's stochastic depth: not here"),
+        (["--sced", "step"], "error: unrecognized argument --sced: did you mean --sched?"),
+        (["--aa", "rand-m7"], "error: argument --auto-augment/--aa: invalid choice: 'rand-m7'"),
+    ):
+        with pytest.raises(SystemExit) as e:
+            train_classify.parse_args(flags + extra)
+        assert e.value.code == 2 and capsys.readouterr().err.startswith(told)
+    shown = " ".join(train_classify.get_args_parser().format_help().split())
+    assert "(timm's --warmup-epochs overlaps its schedule's first epochs)" in shown
+    assert "as torchvision's (not timm's per-step decay)" in shown
+    run(*flags)
+    (config,) = records(out, "config")
+    assert config["lr"] == pytest.approx(2.5e-4) and config["args"]["auto_augment"] == "ra"
+    first = records(out, "train")[0]  # a step into the warm-up from --warmup-lr
+    steps = first["steps"]
+    assert first["lr"] == pytest.approx(1e-4 + (2.5e-4 - 1e-4) / steps, rel=1e-6)
+
+
+def test_a_warm_up_from_warmup_lr_starts_at_that_rate():
+    model = torch.nn.Linear(2, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    args = train_classify.parse_args(["--data", "x", "--warmup-epochs", "1", "--warmup-lr", "1e-4"])
+    scheduler = training.make_scheduler(optimizer, args, steps_per_epoch=4)
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(1e-4)
+    for _ in range(4):
+        optimizer.step()
+        scheduler.step()
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(0.01)
+
+
+def test_dalis_resnet50_example_command_trains_and_says_what_its_lr_means(tmp_path):
+    """DALI's example: -a ARCH --dali_cpu -b N --lr LR DIR. Its --lr was scaled by the global batch
+    / 256: one line says ours is the rate itself."""
+    root, out = tiny_imagefolder(str(tmp_path / "d")), str(tmp_path / "o")
+    proc = run(
+        *("-a", "resnet18", "--dali_cpu", "-b", "4", "--lr", "0.1", root, "--epochs", "1"),
+        *("--train-crop-size", "32", "--val-crop-size", "32", "--val-resize-size", "36"),
+        *("--workers", "1", "--output-dir", out),
+    )
+    assert (
+        "note: --lr 0.1 is the learning rate itself, as torchvision's; DALI's ResNet-50 example "
+        "scales its --lr by the global batch / 256, as --lr-base does here" in proc.stderr
+    )
+    (config,) = records(out, "config")
+    assert (config["lr"], config["args"]["arch"], config["args"]["dali_device"]) == (
+        0.1,
+        "resnet18",
+        "cpu",
+    )
+    assert config["args"]["data"] == root
+
+
+def test_the_ema_updates_in_an_epoch_shorter_than_model_ema_steps(tmp_path):
+    """As torchvision's, the EMA updates at an epoch's first step: two epochs of 3 steps with
+    --model-ema-steps 32 average twice (before, never: the log's EMA scores were the first
+    weights')."""
+    root, out = tiny_imagefolder(str(tmp_path / "d"), per_class=6), str(tmp_path / "o")
+    tiny_run(root, out, "--model-ema", "--epochs", "2")
+    ckpt = torch.load(os.path.join(out, "checkpoint.pth"), weights_only=True)
+    assert ckpt["model_ema"]["n_averaged"] == 2
+
+
+def test_a_cpu_run_takes_torchvisions_batch_of_32_and_data_mistakes_answer_at_once(tmp_path):
+    root = tiny_imagefolder(str(tmp_path / "d"), per_class=16)  # 32 images: one step of 32
+    out = str(tmp_path / "o")
+    flags = [f for f in TINY if f not in ("--batch-size", "4")]
+    run("--data", root, *flags, "--output-dir", out)
+    assert records(out, "config")[0]["args"]["batch_size"] == 32
+    # a torch that cannot be imported first on the path: the --data line comes before it loads
+    (tmp_path / "torch").mkdir()
+    (tmp_path / "torch" / "__init__.py").write_text("raise ImportError('torch was imported')\n")
+    env = {**CPU_ENV, "PYTHONPATH": str(tmp_path)}
+    shutil.rmtree(os.path.join(root, "val"))
+    proc = run("--data", root, check=False, env=env)
+    assert proc.returncode == 2 and proc.stderr == (
+        f"error: --data {root}: expected subfolders train/ and val/ in it (each an ImageFolder "
+        "tree, TFRecord files or WebDataset tars), or --data demo for the built-in demo set\n"
+    )
+
+
+# ------------------------------------------------------------------------------------------
+# bad input: what a hostile round found
+# ------------------------------------------------------------------------------------------
+
+
+def test_adding_a_warm_up_at_a_resume_takes_up_its_schedule(tmp_path):
+    """--lr-warmup-epochs added at a resume: a schedule of another shape than the checkpoint's
+    (it was a KeyError from the saved scheduler's state)."""
+    root, out = tiny_imagefolder(str(tmp_path / "d")), str(tmp_path / "o")
+    tiny_run(root, out)
+    path = os.path.join(out, "checkpoint.pth")
+    proc = tiny_run(root, out, "--epochs", "3", "--lr-warmup-epochs", "1", "--resume", path)
+    assert f"--resume {path}: --epochs 3, --lr-warmup-epochs 1.0 (its run had 1, 0)" in proc.stdout
+    assert [e["epoch"] for e in records(out, "epoch")] == [1, 2, 3]
+
+
+def test_a_checkpoint_of_another_shape_is_refused_and_one_without_a_graph_record_resumes(
+    tmp_path,
+):
+    root, out = tiny_imagefolder(str(tmp_path / "d")), str(tmp_path / "o")
+    tiny_run(root, out)
+    path = os.path.join(out, "checkpoint.pth")
+    ckpt = torch.load(path, weights_only=True)
+    ckpt.pop("graph", None)  # written before the record went, or edited
+    edited = os.path.join(out, "edited.pth")
+    torch.save({**ckpt, "epoch": "1", "world_size": 1.0}, edited)
+    proc = tiny_run(root, out, "--epochs", "2", "--resume", edited, check=False)
+    assert_one_line_error(
+        proc, f"--resume {edited}: its epoch, world_size of another type than train_classify.py"
+    )
+    torch.save({**ckpt, "graph": "x"}, path)
+    tiny_run(root, out, "--epochs", "2", "--resume", path)
+    assert [e["epoch"] for e in records(out, "epoch")] == [1, 2]
+
+
+def test_a_fifo_named_as_an_image_and_a_class_folder_linked_twice_are_one_line(tmp_path):
+    root = tiny_imagefolder(str(tmp_path / "d"))
+    os.mkfifo(os.path.join(root, "train", "a", "pipe.jpg"))  # its first bytes would never come
+    proc = tiny_run(root, str(tmp_path / "o"), check=False)
+    assert_one_line_error(proc, os.path.join(root, "train", "a", "pipe.jpg"), "not a regular file")
+    os.remove(os.path.join(root, "train", "a", "pipe.jpg"))
+    os.symlink(os.path.join(root, "train", "a"), os.path.join(root, "train", "c"))
+    proc = tiny_run(root, str(tmp_path / "o"), check=False)
+    assert_one_line_error(
+        proc, os.path.join(root, "train", "c"), "the same folder as", "under two labels"
+    )
+
+
+def test_weights_of_another_model_are_refused(tmp_path):
+    """ResNet-50's weights loaded 98 of ResNet-18's 122 tensors by name, a model of neither."""
+    args = parse("--arch", "resnet18", "--weights", str(tmp_path / "r50.pth"))
+    torch.save(torchvision.models.resnet50().state_dict(), tmp_path / "r50.pth")
+    with pytest.raises(training.UsageError) as refused:
+        training.load_weights(torchvision.models.resnet18(num_classes=2), args)
+    assert str(refused.value).startswith(
+        f"--weights {tmp_path / 'r50.pth'}: weights of another model than --arch resnet18 ("
+    )
+    torch.save(
+        {"model": torchvision.models.resnet50().state_dict(), "args": {"arch": "resnet50"}},
+        tmp_path / "c.pth",
+    )
+    args.weights = str(tmp_path / "c.pth")
+    with pytest.raises(
+        training.UsageError, match="a checkpoint of --arch resnet50, not --arch resnet18"
+    ):
+        training.load_weights(torchvision.models.resnet18(num_classes=2), args)
+
+
+@pytest.mark.parametrize("flag", ["--train-crop-size", "--val-resize-size", "--crop-size"])
+def test_sizes_past_any_image_are_one_line(capsys, flag):
+    with pytest.raises(SystemExit) as e:
+        train_classify.parse_args(["--data", "x", flag, "50000"])
+    assert e.value.code == 2
+    assert capsys.readouterr().err.endswith("must be in [1, 8192], got 50000\n")
+
+
+def test_a_jpeg_whose_header_breaks_is_named_at_batch_32(tmp_path):
+    """DALI 2.4 killed training at -b 32 in 2 runs of 10 on such a file (a first batch's decode);
+    it is refused, from its header, before DALI reads it."""
+    root = tiny_imagefolder(str(tmp_path / "d"), per_class=20)
+    bad = os.path.join(root, "train", "b", "photo.jpg")
+    with open(bad, "wb") as f:
+        f.write(
+            b"\xff\xd8\xff\xe0" + bytes(np.random.default_rng(0).integers(0, 256, 3000, np.uint8))
+        )
+    proc = tiny_run(root, str(tmp_path / "o"), "--batch-size", "32", check=False)
+    assert_one_line_error(
+        proc, f"{bad}: cannot decode this image: its header is broken or cut short"
     )

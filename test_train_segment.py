@@ -774,3 +774,144 @@ def test_ignore_index_above_what_the_masks_hold_is_one_line(tmp_path):
         f"--ignore-index 300: the masks of {root} are uint8, which hold values up to 255; "
         "expected a value in [3, 255] (no class takes it)",
     )
+
+
+# torchvision's download of a backbone's weights stands in for by a fresh backbone's, marked
+BACKBONE_SPY = """
+import os, runpy, sys
+sys.path.insert(0, {here!r})
+import torch, torchvision
+from torchvision.models import _api
+
+def offline(self, progress=True, check_hash=True):
+    state = torchvision.models.mobilenet_v3_large().state_dict()
+    state["features.0.0.weight"].fill_(0.25)
+    return state
+
+_api.WeightsEnum.get_state_dict = offline
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def test_torchvisions_segmentation_flags_aux_loss_and_weights_backbone(tmp_path):
+    """torchvision's reference: --aux-loss adds the auxiliary classifier's loss at 0.5, and
+    --weights-backbone starts the backbone from torchvision's weights (here an offline stand-in);
+    no warm-up by default (the demo's recipe has one). A U-Net has neither flag's part."""
+    args = train_segment.parse_args(["--data", "x"])
+    assert (args.lr_warmup_epochs, args.aux_loss, args.weights_backbone) == (0, False, None)
+    assert train_segment.parse_args(["--data", "demo"]).lr_warmup_epochs == 1
+    model = train_segment.TorchvisionSegmentation("deeplabv3_mobilenet_v3_large", 2, aux_loss=True)
+    images, masks = torch.randn(2, 3, 64, 64), torch.randint(0, 2, (2, 1, 64, 64))
+    outputs = model.train()(images)
+    assert outputs["out"].shape == outputs["aux"].shape == (2, 2, 64, 64)
+    assert model.eval()(images).shape == (2, 2, 64, 64)
+    args = train_segment.parse_args(
+        [
+            "--data",
+            "x",
+            "--num-classes",
+            "2",
+            "--arch",
+            "deeplabv3_mobilenet_v3_large",
+            "--aux-loss",
+        ]
+    )
+    with_aux = train_segment.make_criterion(args, torch.device("cpu"))
+    plain = train_segment.make_criterion(
+        train_segment.parse_args(["--data", "x", "--num-classes", "2"]), torch.device("cpu")
+    )
+    assert with_aux(outputs, masks).item() == pytest.approx(
+        (plain(outputs["out"], masks) + 0.5 * plain(outputs["aux"], masks)).item()
+    )
+    for flags, told in (
+        (["--aux-loss"], "error: --aux-loss: --arch unet has no auxiliary classifier"),
+        (["--weights-backbone", "X"], "error: --weights-backbone X: --arch unet has no"),
+        (["--arch", "lraspp_mobilenet_v3_large", "--aux-loss"], "error: --aux-loss: --arch lraspp"),
+    ):
+        proc = run("--data", "demo", *flags, check=False)
+        assert proc.returncode == 2 and proc.stderr.startswith(told), proc.stderr
+    root, out = prepared_root(str(tmp_path / "p"), size=(64, 64)), str(tmp_path / "o")
+    spy = tmp_path / "offline.py"
+    spy.write_text(BACKBONE_SPY.format(here=HERE))
+    arch = ["--arch", "deeplabv3_mobilenet_v3_large", "--num-classes", "2", "--aux-loss"]
+    backbone = ["--weights-backbone", "MobileNet_V3_Large_Weights.IMAGENET1K_V1"]
+    proc = subprocess.run(
+        [sys.executable, str(spy), SCRIPT, "--data", root, *arch, *backbone, "--size", "64"]
+        + ["-b", "2", "--epochs", "1", "--dali-device", "cpu", "--output-dir", out, "--lr", "1e-9"],
+        cwd=HERE,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=CPU_ENV,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    weights = torch.load(os.path.join(out, "checkpoint.pth"), weights_only=True)["model"]
+    first = weights["model.backbone.0.0.weight"]
+    assert first.shape == (16, 3, 3, 3) and torch.allclose(
+        first, torch.full_like(first, 0.25), atol=1e-6
+    )
+    assert "model.aux_classifier.0.weight" in weights
+    bad = run("--data", root, *arch[:2], "--weights-backbone", "NoSuch_Weights.X", check=False)
+    assert bad.returncode == 2 and bad.stderr.startswith(
+        "error: --weights-backbone NoSuch_Weights.X: not a torchvision weights name it could load"
+    )
+
+
+def binary_masks_of_255(root, n=4, size=64, value=255):
+    """A prepared root whose masks hold 0 and ``value`` (0 alone where ``value`` is 0)."""
+    rng = np.random.default_rng(0)
+    for k in range(n):
+        for kind in ("Images", "Masks"):
+            os.makedirs(os.path.join(root, kind, "1"), exist_ok=True)
+        np.save(
+            os.path.join(root, "Images", "1", f"{k}.npy"),
+            rng.integers(0, 256, (size, size, 3), np.uint8),
+        )
+        mask = np.zeros((size, size, 1), np.uint8)
+        mask[: size // 2] = value
+        np.save(os.path.join(root, "Masks", "1", f"{k}.npy"), mask)
+    make_csv_file_npy(root, valid_fraction=0.5, seed=0)
+    return root
+
+
+def test_masks_with_no_class_left_to_learn_are_one_line(tmp_path):
+    """--ignore-index 255 on masks of only 0 and 255 left out every foreground pixel and trained
+    to Dice 0 without a word; so do masks that are all background."""
+    root = binary_masks_of_255(str(tmp_path / "p"))
+    proc = tiny(root, "--ignore-index", "255", out=str(tmp_path / "o"))
+    assert_one_line_error(
+        proc,
+        f"{root}: no training mask holds a class above the background once --ignore-index 255 is "
+        "left out: nothing to learn; for binary masks of 0 and 255, pass no --ignore-index",
+    )
+    proc = tiny(
+        root, out=str(tmp_path / "o")
+    )  # 255 a class of a binary set: named, with the PNG hint
+    assert_one_line_error(
+        proc,
+        "mask holds class 255; expected values 0 or 1 (binary, --num-classes 1; a PNG root reads 255 as 1)",
+    )
+    empty = binary_masks_of_255(str(tmp_path / "e"), value=0)
+    proc = tiny(empty, out=str(tmp_path / "o"))
+    assert_one_line_error(
+        proc, f"{empty}: no training mask holds a class above the background (0): nothing to learn"
+    )
+    assert not os.path.exists(tmp_path / "o")
+
+
+def test_a_fast_torchvision_model_learns_the_demo_set(tmp_path):
+    """DeepLabV3-MobileNetV3-Large trained from scratch scored Dice 0.000 every epoch: MobileNetV3's
+    BatchNorm momentum (0.01) left its running statistics near their start, and the model in eval
+    mode segmented nothing. At the --size the trainer asks of it, it learns the demo's nails."""
+    out = str(tmp_path / "o")
+    flags = ["--data", "demo", "--arch", "deeplabv3_mobilenet_v3_large", "--size", "192"]
+    run(*flags, "--epochs", "5", "--output-dir", out)
+    assert max(e["val_dice"] for e in records(out, "epoch")) > 30
+    said = []
+    args = train_segment.parse_args(["--data", "demo", "--arch", "lraspp_mobilenet_v3_large"])
+    train_segment.log_coarse_features(args, lambda record, line: said.append(line))
+    assert said == [
+        "--arch lraspp_mobilenet_v3_large: segments from features at 1/16 of --size 96 (6 x 6); "
+        "small objects, as the demo's nails, need --size 192 or more"
+    ]

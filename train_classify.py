@@ -22,6 +22,7 @@ import csv
 import difflib
 import functools
 import os
+import sys
 import time
 
 import flags
@@ -50,6 +51,7 @@ def get_args_parser():
     g.add_argument(
         "--data",
         "--data-path",
+        "--data-dir",
         help=flags.demo_help(
             "folder or s3:// prefix with train/ and val/, each an ImageFolder tree, TFRecord files "
             "or WebDataset tars",
@@ -67,7 +69,7 @@ def get_args_parser():
         default=0,
         help="subtracted from every stored label (1 for TensorFlow's ImageNet TFRecords)",
     )
-    size = flags.at_least_1
+    size = flags.side
     g.add_argument(
         "--train-crop-size", type=size, default=224, help="random-resized crop for training"
     )
@@ -75,12 +77,21 @@ def get_args_parser():
         "--val-resize-size", type=size, default=256, help="shorter side before the val crop"
     )
     g.add_argument("--val-crop-size", type=size, default=224, help="centre crop for validation")
-    g.add_argument("--crop-size", type=size, help="sets --train-crop-size and --val-crop-size")
+    g.add_argument(
+        "--crop-size",
+        "--img-size",
+        type=size,
+        help="sets --train-crop-size and --val-crop-size (timm's --img-size; the validation resize "
+        "stays --val-resize-size's)",
+    )
     g.add_argument(
         "--auto-augment",
+        "--aa",
+        type=auto_augment_name,
         choices=["ta_wide", "ra", "imagenet"],
         help="torchvision's TrivialAugmentWide, RandAugment or ImageNet AutoAugment policy, after "
-        "the crop and flip (in DALI; default: none)",
+        "the crop and flip (in DALI; default: none); timm's --aa rand-m9-... and original are "
+        "taken as ra and imagenet, without timm's magnitude noise",
     )
     g.add_argument(
         "--progressive-resize",
@@ -92,6 +103,7 @@ def get_args_parser():
     )
     g.add_argument(
         "--random-erase",
+        "--reprob",
         type=flags.probability,
         default=0.0,
         help="probability of random erasing (in DALI)",
@@ -135,7 +147,11 @@ def get_args_parser():
     )
     g = parser.add_argument_group("model")
     g.add_argument(
-        "--arch", "--model", default="resnet50", help="any torchvision classification model"
+        "--arch",
+        "--model",
+        "-a",
+        default="resnet50",
+        help="any torchvision classification model",
     )
     flags.add_model_flags(
         g, weights_example="ResNet50_Weights.IMAGENET1K_V2, downloaded by torchvision"
@@ -143,17 +159,41 @@ def get_args_parser():
     g = parser.add_argument_group("optimisation")
     flags.add_optimisation_flags(g)
     g.add_argument(
-        "--label-smoothing", type=flags.below_one, default=0.0, help="cross-entropy label smoothing"
+        "--label-smoothing",
+        "--smoothing",
+        type=flags.below_one,
+        default=0.0,
+        help="cross-entropy label smoothing",
     )
     g.add_argument(
-        "--mixup-alpha", type=flags.non_negative, default=0.0, help="MixUp alpha (0: off)"
+        "--mixup-alpha",
+        "--mixup",
+        type=flags.non_negative,
+        default=0.0,
+        help="MixUp alpha (0: off)",
     )
     g.add_argument(
-        "--cutmix-alpha", type=flags.non_negative, default=0.0, help="CutMix alpha (0: off)"
+        "--cutmix-alpha",
+        "--cutmix",
+        type=flags.non_negative,
+        default=0.0,
+        help="CutMix alpha (0: off)",
     )
     flags.add_output_flags(parser.add_argument_group("output and checkpoints"), RUNS_DIR)
-    parser.set_defaults(epochs=90, batch_size=256, lr_scheduler="cosine", lr_warmup_epochs=0)
+    # -b: 256 a GPU, 32 on the CPU (main)
+    parser.set_defaults(epochs=90, batch_size=None, lr_scheduler="cosine", lr_warmup_epochs=0)
     return parser
+
+
+def auto_augment_name(text):
+    """--auto-augment's policy, or timm's --aa spelling of one: rand-m9[-...] (RandAugment at
+    torchvision's magnitude 9, 2 operations), original (AutoAugment's ImageNet policy)."""
+    name, *options = text.split("-")
+    if name == "rand":  # timm's rand-m9-mstd0.5-inc1: its magnitude m and operations n
+        settings = {o[0]: o[1:] for o in options if o[:1] in ("m", "n") and o[1:].isdigit()}
+        if settings.get("m") == "9" and settings.get("n", "2") == "2":
+            return "ra"
+    return {"original": "imagenet"}.get(text, text)
 
 
 def parse_args(argv=None):
@@ -168,14 +208,7 @@ def parse_args(argv=None):
     if "ra_reps" in args.given and not args.ra_sampler:
         parser.error(f"--ra-reps {args.ra_reps}: needs --ra-sampler, whose copies it counts")
     if args.progressive_resize:
-        low, start, end = args.progressive_resize
-        if start > end:
-            parser.error(f"--progressive-resize: START_EPOCH {start} is after END_EPOCH {end}")
-        if low > args.train_crop_size:
-            parser.error(
-                f"--progressive-resize: MIN_RES {low} is above --train-crop-size "
-                f"{args.train_crop_size}, the size it grows to"
-            )
+        check_progressive_resize(parser, args)
     if args.val_resize_size < args.val_crop_size:
         parser.error(
             f"--val-resize-size {args.val_resize_size} is below --val-crop-size "
@@ -184,8 +217,39 @@ def parse_args(argv=None):
     return args
 
 
+def check_progressive_resize(parser, args):
+    low, start, end = args.progressive_resize
+    if start > end:
+        parser.error(f"--progressive-resize: START_EPOCH {start} is after END_EPOCH {end}")
+    if low > args.train_crop_size:
+        parser.error(
+            f"--progressive-resize: MIN_RES {low} is above --train-crop-size "
+            f"{args.train_crop_size}, the size it grows to"
+        )
+
+
+def lacks_splits(data, isdir=os.path.isdir):
+    """The line for a --data without train/ and val/ (``isdir``: data_sources', for s3:// too), or
+    None."""
+    if all(isdir(os.path.join(data, split)) for split in ("train", "val")):
+        return None
+    return (
+        f"--data {data}: expected subfolders train/ and val/ in it (each an ImageFolder tree, "
+        f"TFRecord files or WebDataset tars), or --data demo for the built-in demo set"
+    )
+
+
 if __name__ == "__main__":
-    parse_args()  # --help and a bad flag answer here, before torch and DALI take seconds to load
+    # --help, a bad flag and a folder --data lacks answer here, before torch and DALI take seconds
+    # to load
+    data = parse_args().data
+    if (
+        data not in (None, DEMO_DIR)
+        and not data.startswith("s3://")
+        and (why := lacks_splits(data))
+    ):
+        print(f"error: {why}", file=sys.stderr)
+        sys.exit(2)
 
 import torch
 import torch.distributed as dist
@@ -275,7 +339,9 @@ def train_one_epoch(model, criterion, state, steps, step_log, epoch, args, mixup
         scaler.step(optimizer)
         scaler.update()
         scheduler.step()
-        if model_ema is not None and step % args.model_ema_steps == 0:
+        # as torchvision's, from an epoch's first step: an epoch shorter than --model-ema-steps
+        # updates too
+        if model_ema is not None and (step - 1) % args.model_ema_steps == 0:
             model_ema.update_parameters(model)
             if epoch <= args.lr_warmup_epochs:
                 # in warm-up the EMA copies the weights, as torchvision's
@@ -325,6 +391,8 @@ def describe(metrics):
 
 def main(args):
     world = training.setup(args)  # torchrun's ranks; this process's device
+    if args.batch_size is None:  # torchvision's: ImageNet's 256 a GPU; 32 a CPU holds
+        args.batch_size = 256 if world.device.type == "cuda" else 32
     if args.predict:  # the trained model on new images: no --data, no run folder
         return predict(args, world)
     ckpt = resume.load(args, world) if args.resume else None  # a resume takes its run's flags
@@ -332,6 +400,8 @@ def main(args):
     locate_data(args, world)  # builds the demo set, or checks --data
     log = training.open_run(args, world, RUNS_DIR)  # the run folder, locked, and its log
     data, cache = build_loaders(args, world, ckpt, log)  # DALI pipelines over this process's shard
+    if world.distributed:  # one run on every node: the same flags and data
+        training.check_one_run(args, world, data)
     torch.manual_seed(args.seed)  # the model's first weights
     model, state = training.prepare_model(
         make_model(args, len(data.classes)), args, world, data.steps, log
@@ -405,7 +475,7 @@ def predict(args, world):
     ckpt = checkpoint_to_predict(args, world)
     files = images_to_predict(args, world, writes_images=False)  # a CSV file, no image
     path = os.path.join(args.output_dir, "predictions.csv")
-    refuse_overwrite(args, [(path, args.predict)])
+    refuse_overwrite(args, [(path, args.predict)], writes_images=False)
     classes = ckpt.get("classes") or [str(k) for k in range(args.num_classes or 1000)]
     model = load_to_predict(make_model(args, len(classes)), ckpt, args, world)
     pipe = ClassifyValPipeline(  # a list of files: each labelled by its position in it
@@ -460,11 +530,8 @@ def locate_data(args, world):
             make_demo_images(DEMO_DIR)
         if world.distributed:
             dist.barrier()
-    if not all(isdir(os.path.join(args.data, split)) for split in ("train", "val")):
-        raise UsageError(
-            f"--data {args.data}: expected subfolders train/ and val/ in it (each an ImageFolder "
-            f"tree, TFRecord files or WebDataset tars), or --data demo for the built-in demo set"
-        )
+    if why := lacks_splits(args.data, isdir):
+        raise UsageError(why)
 
 
 def make_pipelines(args, world, dali_state=None, cache=None, first_epoch=1):
@@ -546,8 +613,10 @@ def build_loaders(args, world, ckpt, log):
         dist.barrier()
     if ckpt and not args.evaluate and ckpt.get("dali"):  # its pipelines are restored: its cache
         cache = resume.decoder_cache(ckpt, args, log)
-    else:
+    elif args.dali_device == "gpu" or args.decoder_cache != "auto":
         cache = plan_cache(args, world, train_pipe, val_pipe, log)
+    else:  # DALI on the CPU has no cache; planned only to say so where it is asked for
+        cache = None
     if cache:  # again, decoding whole images into the cache (DALI builds nothing until iterated)
         train_pipe, val_pipe, classes = make_pipelines(args, world, dali_state, cache, first_epoch)
     # what the run reads, for the checkpoints the main process writes; scoring one needs none
@@ -576,10 +645,7 @@ def build_loaders(args, world, ckpt, log):
 
 
 def plan_cache(args, world, train_pipe, val_pipe, log):
-    """The MB of the decoder cache that --decoder-cache asks for (see plan_decoder_cache): by
-    default none for DALI on the CPU, which has no cache."""
-    if args.dali_device == "cpu" and args.decoder_cache == "auto":
-        return None
+    """The MB of the decoder cache that --decoder-cache asks for (see plan_decoder_cache)."""
     free_mb = torch.cuda.mem_get_info(world.device)[0] / 2**20 if world.device.type == "cuda" else 0
     cache, why = plan_decoder_cache(args.decoder_cache, (train_pipe, val_pipe), free_mb)
     if why:
@@ -595,11 +661,15 @@ def train_loader(args, world, dali_states, first_epoch, cache):
 
 
 def train_batches(args, world, data, epoch, first_step):
-    """The rest of ``epoch``'s training batches: DALI's, or with --loader synthetic one random
-    batch of the epoch's crop size already on the device, every step (the ceiling for any
-    loader)."""
+    """The rest of ``epoch``'s training batches: DALI's, or --loader synthetic's."""
     if args.loader == "dali":
         return batches_on_device(data.train_source(), data.train_pipe, world.device)
+    return synthetic_batches(args, world, data, epoch, first_step)
+
+
+def synthetic_batches(args, world, data, epoch, first_step):
+    """--loader synthetic: one random batch of the epoch's crop size already on the device, every
+    step (the ceiling for any loader)."""
     size = train_crop_size(args, epoch)
     images = torch.randn(args.batch_size, 3, size, size, device=world.device)
     if args.channels_last:

@@ -22,6 +22,7 @@ import colorsys
 import functools
 import math
 import os
+import sys
 import time
 
 import flags
@@ -42,6 +43,13 @@ DEMO_DEFAULTS = dict(
     lr_scheduler="cosine",
     workers=min(4, os.cpu_count() or 1),
 )
+# The smallest --size at which a torchvision model learned the demo's nails (its features are
+# 12 x 12 there); below it the trainer says so.
+SMALLEST_INPUT = 192
+# --aux-loss: the auxiliary classifier's loss weight, torchvision's reference's
+AUX_WEIGHT = 0.5
+# The torchvision models with an auxiliary classifier (--aux-loss)
+AUX_ARCHS = ("deeplabv3_mobilenet_v3_large", "deeplabv3_resnet50", "fcn_resnet50")
 ARCHS = [
     "unet",
     "lraspp_mobilenet_v3_large",
@@ -57,6 +65,7 @@ def get_args_parser():
     g.add_argument(
         "--data",
         "--data-path",
+        "--data-dir",
         help=flags.demo_help(
             "prepared root (csv_file/; local or s3://), PNG root (Images/, Masks/: prepared into "
             "<root>/npy)",
@@ -73,8 +82,8 @@ def get_args_parser():
         "--size",
         type=flags.number(
             int,
-            "a multiple of 32 (the models down-sample by up to 32)",
-            lambda v: v >= 32 and v % 32 == 0,
+            f"a multiple of 32 (the models down-sample by up to 32), at most {flags.MAX_SIDE}",
+            lambda v: 32 <= v <= flags.MAX_SIDE and v % 32 == 0,
         ),
         default=384,
         help="side of the input",
@@ -88,7 +97,20 @@ def get_args_parser():
         "by s ~ U(LO, HI) of --size, then randomly cropped or padded back to --size",
     )
     flags.add_loader_flags(g)
-    add_loss_flags(parser.add_argument_group("loss"))
+    g = parser.add_argument_group("loss")
+    g.add_argument(
+        "--ignore-index",
+        type=flags.at_least_0,
+        help="mask value of pixels left out of the loss and the metrics (unlabelled pixels and "
+        "borders: 255 in VOC, Cityscapes, ADE20K); a PNG root keeps it as it is",
+    )
+    g.add_argument(
+        "--class-weights",
+        type=weight_list,
+        metavar="W0,W1,...",
+        help="weights of the classes in the cross-entropy term, one per class (binary: "
+        "background, foreground, each pixel's BCE weighed by its class's)",
+    )
     g = parser.add_argument_group("model")
     g.add_argument(
         "--arch",
@@ -98,6 +120,18 @@ def get_args_parser():
         help="the compact U-Net of this file, or a torchvision model",
     )
     flags.add_model_flags(g, weights_example="FCN_ResNet50_Weights.DEFAULT; the U-Net has none")
+    g.add_argument(
+        "--weights-backbone",
+        help="a torchvision model's backbone weights, a torchvision weights name "
+        "(MobileNet_V3_Large_Weights.IMAGENET1K_V1, ResNet50_Weights.IMAGENET1K_V1), downloaded by "
+        "torchvision; the rest starts anew",
+    )
+    g.add_argument(
+        "--aux-loss",
+        action="store_true",
+        help="DeepLabV3 and FCN: their auxiliary classifier's loss too, weighed 0.5, as "
+        "torchvision's reference",
+    )
     g.add_argument(
         "--unet-width",
         type=flags.at_least_1,
@@ -112,24 +146,9 @@ def get_args_parser():
     )
     flags.add_optimisation_flags(parser.add_argument_group("optimisation"))
     flags.add_output_flags(parser.add_argument_group("output and checkpoints"), RUNS_DIR)
-    parser.set_defaults(epochs=50, batch_size=32, lr_scheduler="poly", lr_warmup_epochs=1)
+    # torchvision's reference: no warm-up (the demo's recipe has one)
+    parser.set_defaults(epochs=50, batch_size=32, lr_scheduler="poly", lr_warmup_epochs=0)
     return parser
-
-
-def add_loss_flags(g):
-    g.add_argument(
-        "--ignore-index",
-        type=flags.at_least_0,
-        help="mask value of pixels left out of the loss and the metrics (unlabelled pixels and "
-        "borders: 255 in VOC, Cityscapes, ADE20K); a PNG root keeps it as it is",
-    )
-    g.add_argument(
-        "--class-weights",
-        type=weight_list,
-        metavar="W0,W1,...",
-        help="weights of the classes in the cross-entropy term, one per class (binary: "
-        "background, foreground, each pixel's BCE weighed by its class's)",
-    )
 
 
 def weight_list(text):
@@ -163,11 +182,33 @@ def parse_args(argv=None):
             f"class of --num-classes {args.num_classes}"
             + (" (background, foreground)" if args.num_classes == 1 else "")
         )
+    if args.aux_loss and args.arch not in AUX_ARCHS:
+        parser.error(
+            f"--aux-loss: --arch {args.arch} has no auxiliary classifier; expected one of "
+            f"{', '.join(AUX_ARCHS)}"
+        )
+    if args.weights_backbone and args.arch == "unet":
+        parser.error(
+            f"--weights-backbone {args.weights_backbone}: --arch unet has no pretrained backbone; "
+            f"expected a torchvision --arch"
+        )
     return args
 
 
+def no_data_folder(data):
+    return (
+        f"--data {data}: no such directory (expected a prepared root with csv_file/, a PNG root "
+        f"with Images/ and Masks/ (not s3://), or --data demo)"
+    )
+
+
 if __name__ == "__main__":
-    parse_args()  # --help and a bad flag answer here, before torch and DALI take seconds to load
+    # --help, a bad flag and a --data that is not there answer here, before torch and DALI take
+    # seconds to load
+    data = parse_args().data
+    if data and data != "demo" and not data.startswith("s3://") and not os.path.isdir(data):
+        print(f"error: {no_data_folder(data)}", file=sys.stderr)
+        sys.exit(2)
 
 import torch
 import torch.distributed as dist
@@ -186,10 +227,10 @@ from data_sources import (
     data_digest,
     decode_errors_named,
     first_gone,
-    first_mask_above,
     isdir,
     read_split,
     remote,
+    scan_masks,
     watch,
 )
 from outputs import atomic_open
@@ -249,22 +290,45 @@ class UNet(nn.Module):
 
 
 class TorchvisionSegmentation(nn.Module):
-    """A torchvision segmentation model's main output; 1-channel images are repeated to its 3."""
+    """A torchvision segmentation model's main output, and in training its auxiliary classifier's
+    where it has one (--aux-loss); 1-channel images are repeated to its 3."""
 
-    def __init__(self, arch, num_classes):
+    def __init__(self, arch, num_classes, aux_loss=False, weights_backbone=None):
         super().__init__()
         self.model = torchvision.models.get_model(
-            arch, weights=None, weights_backbone=None, num_classes=num_classes
+            arch,
+            weights=None,
+            weights_backbone=weights_backbone,
+            num_classes=num_classes,
+            aux_loss=aux_loss or None,
         )
+        if weights_backbone is None:
+            # MobileNetV3's BatchNorm follows its batches with momentum 0.01, set for ImageNet's
+            # long runs from pretrained statistics: trained from scratch for a few hundred steps,
+            # its running statistics stay near their start, and the model in eval mode segments
+            # nothing. torch's default, 0.1, follows the training.
+            for layer in self.modules():
+                if isinstance(layer, nn.modules.batchnorm._BatchNorm) and layer.momentum < 0.1:
+                    layer.momentum = 0.1
 
     def forward(self, x):
-        return self.model(x.expand(-1, 3, -1, -1))["out"]
+        outputs = self.model(x.expand(-1, 3, -1, -1))
+        return outputs if self.training and "aux" in outputs else outputs["out"]
 
 
 def make_model(args, in_channels):
     if args.arch == "unet":
         return UNet(in_channels, args.num_classes, args.unet_width)
-    return TorchvisionSegmentation(args.arch, args.num_classes)
+    try:
+        return TorchvisionSegmentation(
+            args.arch, args.num_classes, args.aux_loss, args.weights_backbone
+        )
+    except (ValueError, KeyError, OSError) as e:  # a name torchvision lacks, or no download
+        why = (str(e).strip() or type(e).__name__).splitlines()[-1][:200]
+        raise UsageError(
+            f"--weights-backbone {args.weights_backbone}: not a torchvision weights name it could "
+            f"load ({why}); expected one such as MobileNet_V3_Large_Weights.IMAGENET1K_V1"
+        ) from None
 
 
 def dice_ce_loss(logits, masks, num_classes, ignore_index=None, class_weights=None):
@@ -294,14 +358,34 @@ def dice_ce_loss(logits, masks, num_classes, ignore_index=None, class_weights=No
     return ce + 1 - dice.mean()
 
 
+def log_coarse_features(args, log):
+    """One line where a torchvision model's features, at 1/16 of --size, are a few pixels: small
+    objects such as the demo's nails need a larger --size to be learned."""
+    side = args.size // 16
+    log(
+        {"type": "note", "size": args.size},
+        f"--arch {args.arch}: segments from features at 1/16 of --size {args.size} ({side} x "
+        f"{side}); small objects, as the demo's nails, need --size {SMALLEST_INPUT} or more",
+    )
+
+
 def make_criterion(args, device):
+    """dice_ce_loss as the flags set it; with --aux-loss, on the main output plus AUX_WEIGHT x on
+    the auxiliary classifier's."""
     weights = torch.tensor(args.class_weights, device=device) if args.class_weights else None
-    return functools.partial(
+    loss = functools.partial(
         dice_ce_loss,
         num_classes=args.num_classes,
         ignore_index=args.ignore_index,
         class_weights=weights,
     )
+    if not args.aux_loss:
+        return loss
+
+    def with_aux(outputs, masks):
+        return loss(outputs["out"], masks) + AUX_WEIGHT * loss(outputs["aux"], masks)
+
+    return with_aux
 
 
 def kept_pixels(masks, ignore_index):
@@ -330,7 +414,9 @@ def train_one_epoch(model, criterion, state, steps, step_log, epoch, args):
         scaler.step(optimizer)
         scaler.update()
         scheduler.step()
-        if model_ema is not None and step % args.model_ema_steps == 0:
+        # as torchvision's, from an epoch's first step: an epoch shorter than --model-ema-steps
+        # updates too
+        if model_ema is not None and (step - 1) % args.model_ema_steps == 0:
             model_ema.update_parameters(model)
             if epoch <= args.lr_warmup_epochs:
                 # in warm-up the EMA copies the weights, as torchvision's
@@ -435,10 +521,14 @@ def main(args):
     root = locate_data(args, world)  # builds the demo set or prepares a PNG root, or checks --data
     log = training.open_run(args, world, RUNS_DIR)  # the run folder, locked, and its log
     data = build_loaders(args, world, root, ckpt, log)  # DALI pipelines over this process's shard
+    if world.distributed:  # one run on every node: the same flags and data
+        training.check_one_run(args, world, data)
     channels = data.train_pipe.channels
     torch.manual_seed(args.seed)  # the model's first weights
     model, state = training.prepare_model(make_model(args, channels), args, world, data.steps, log)
     criterion = make_criterion(args, world.device)  # dice_ce_loss as the flags set it
+    if args.arch != "unet" and args.size < SMALLEST_INPUT:
+        log_coarse_features(args, log)
     start = training.Start()  # a new run's first step, or its checkpoint's next
     if ckpt:
         build = functools.partial(train_loader, root=root)
@@ -645,11 +735,7 @@ def locate_data(args, world):
     if args.data != "demo" and not isdir(
         args.data if local else os.path.join(args.data, "csv_file")
     ):
-        raise UsageError(
-            f"--data {args.data}: no such directory (expected a prepared root with csv_file/, a "
-            "PNG "
-            f"root with Images/ and Masks/ (not s3://), or --data demo)"
-        )
+        raise UsageError(no_data_folder(args.data))
     if args.data != "demo" and (not local or os.path.isdir(os.path.join(args.data, "csv_file"))):
         return args.data
     from data_processing import prepare  # needed only to build or convert a PNG set
@@ -670,7 +756,8 @@ def build_loaders(args, world, root, ckpt, log):
     dali_state, first_epoch = resume.pipeline_state(ckpt, args, world) if ckpt else (None, 1)
     splits = {split: read_split(root, split) for split in ("train", "valid")}
     (train_imgs, train_lbls), (val_imgs, val_lbls) = splits["train"], splits["valid"]
-    check_ignore_index(args, root, train_imgs, train_lbls)
+    if args.ignore_index is not None:
+        check_ignore_index(args, root, train_imgs, train_lbls)
     train_pipe = train_pipeline(args, world, dali_state, first_epoch, train_imgs, train_lbls)
     # Also the masks as read, to score each at its own size.
     val_pipe = SegmentValPipeline(
@@ -680,7 +767,7 @@ def build_loaders(args, world, root, ckpt, log):
         own_size_masks=True,
         **pipeline_settings(args, world),
     )
-    check_mask_values(args, world, splits)
+    check_mask_values(args, world, root, splits)
     train_loader = segment_iterator(train_pipe)
     log_data(args, log, root, train_pipe, len(train_imgs), len(val_imgs))
     # what the run reads, for the checkpoints the main process writes; scoring one needs none
@@ -755,27 +842,41 @@ def log_data(args, log, root, train_pipe, num_samples, val_samples):
     )
 
 
-def check_mask_values(args, world, splits):
+def check_mask_values(args, world, root, splits):
     """Each process reads its share of the masks: a class index beyond the model's is an error
-    (--ignore-index's value aside)."""
-    for _, lbls in splits.values():
+    (--ignore-index's value aside), and so are training masks that hold no class but the
+    background: nothing to learn (with --ignore-index 255 on binary masks of 0 and 255, say)."""
+    for split, (_, lbls) in splits.items():
         largest, mine = max(1, args.num_classes - 1), lbls[world.rank :: world.size]
-        if found := first_mask_above(mine, largest, args.workers, args.ignore_index):
+        found, foreground = scan_masks(mine, largest, args.workers, args.ignore_index)
+        if found:
             if args.num_classes == 1:
-                expected = "0 or 1 (binary, --num-classes 1)"
+                expected = "0 or 1 (binary, --num-classes 1; a PNG root reads 255 as 1)"
             else:
                 expected = f"below --num-classes {args.num_classes}"
             raise DataError(
                 f"{found[0]}: mask holds class {found[1]}; expected values {expected}, or "
                 f"--ignore-index {found[1]} if that value marks pixels to leave out"
             )
+        if split == "train":
+            (learned,) = training.all_reduce_sum([foreground], world.device)
+    if learned:
+        return
+    if args.ignore_index is None:
+        raise DataError(
+            f"{root}: no training mask holds a class above the background (0): nothing to learn"
+        )
+    raise DataError(
+        f"{root}: no training mask holds a class above the background once --ignore-index "
+        f"{args.ignore_index} is left out: nothing to learn; for binary masks of 0 and "
+        f"{args.ignore_index}, pass no --ignore-index (a PNG root then reads {args.ignore_index} "
+        f"as class 1; .npy masks need 0 and 1)"
+    )
 
 
 def check_ignore_index(args, root, imgs, lbls):
     """--ignore-index fills the masks where a training crop pads them: a value their type holds
     (DALI hands out uint8 masks as they are, the others as int32)."""
-    if args.ignore_index is None:
-        return
     _, (_, dtype) = check_segmentation_files(imgs, lbls)  # (shape, dtype), from the headers
     highest = 255 if dtype.name in ("uint8", "bool") else 2**31 - 1
     if args.ignore_index > highest:
@@ -787,10 +888,15 @@ def check_ignore_index(args, root, imgs, lbls):
 
 
 def train_batches(args, world, data, first_step):
-    """The rest of the epoch's training batches: DALI's, or with --loader synthetic one random
-    batch already on the device, every step (the ceiling for any loader)."""
+    """The rest of the epoch's training batches: DALI's, or --loader synthetic's."""
     if args.loader == "dali":
         return batches_on_device(data.train_source(), data.train_pipe.files, world.device)
+    return synthetic_batches(args, world, data, first_step)
+
+
+def synthetic_batches(args, world, data, first_step):
+    """--loader synthetic: one random batch already on the device, every step (the ceiling for
+    any loader)."""
     shape = (args.batch_size, data.train_pipe.channels, args.size, args.size)
     images = torch.randn(shape, device=world.device)
     classes = max(2, args.num_classes)

@@ -19,6 +19,7 @@ import argparse
 import contextlib
 import datetime
 import fcntl
+import hashlib
 import json
 import math
 import os
@@ -123,6 +124,9 @@ def use_gpu(args, local_rank):
     torch.cuda.set_device(device)
     # fixed input sizes: cuDNN picks its fastest kernels once (they may differ run to run)
     torch.backends.cudnn.benchmark = not args.use_deterministic_algorithms
+    # float32 matmuls on TF32 tensor cores, as cuDNN's convolutions are by default: a float32 run
+    # at the GPU's speed (--amp's run in bf16 or fp16)
+    torch.set_float32_matmul_precision("high")
     # Training kernels get the higher stream priority, so DALI's kernels, on DALI's own streams,
     # fill the gaps.
     torch.cuda.set_stream(torch.cuda.Stream(device, priority=-1))
@@ -131,14 +135,18 @@ def use_gpu(args, local_rank):
 
 def join_process_group(world):
     """Under torchrun: the process group, through torchrun's env:// rendezvous."""
-    # The workers that torchrun restarts (--max-restarts) would find their predecessors'
-    # addresses in the launcher's store, which outlives them: each attempt keeps its own keys.
     store, _, _ = next(dist.rendezvous("env://"))
-    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        # The agent's store outlives its workers: those it restarts (--max-restarts) would find
+        # their predecessors' addresses there, so each attempt keeps its own keys. Agents count
+        # their attempts alike where every node restarts at once (a fixed --nnodes); an elastic
+        # job's do not, and launch.py gives its workers a store of their own every round.
+        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        store = dist.PrefixStore(f"attempt{attempt}", store)
     cuda = world.device.type == "cuda"
     dist.init_process_group(
         "nccl" if cuda else "gloo",
-        store=dist.PrefixStore(f"attempt{attempt}", store),
+        store=store,
         rank=world.rank,
         world_size=world.size,
         device_id=world.device if cuda else None,
@@ -238,21 +246,24 @@ def make_optimizer(model, args, lr):
     own decay."""
     params = [p for p in model.parameters() if p.requires_grad]
     if args.norm_weight_decay is not None:
-        norm = [
-            p for m in model.modules() if isinstance(m, NORM_LAYERS) for p in m.parameters(False)
-        ]
-        norm += [p for name, p in model.named_parameters() if name.endswith(".bias")]
-        norm_ids = {id(p) for p in norm}
-        params = [
-            {"params": [p for p in params if id(p) not in norm_ids], "weight_decay": args.wd},
-            {
-                "params": [p for p in params if id(p) in norm_ids],
-                "weight_decay": args.norm_weight_decay,
-            },
-        ]
+        params = norm_decay_groups(model, params, args)
     if args.opt == "sgd":
         return torch.optim.SGD(params, lr=lr, momentum=args.momentum, weight_decay=args.wd)
     return torch.optim.AdamW(params, lr=lr, weight_decay=args.wd)
+
+
+def norm_decay_groups(model, params, args):
+    """--norm-weight-decay: ``params`` in two groups, normalization layers and biases apart."""
+    norm = [p for m in model.modules() if isinstance(m, NORM_LAYERS) for p in m.parameters(False)]
+    norm += [p for name, p in model.named_parameters() if name.endswith(".bias")]
+    norm_ids = {id(p) for p in norm}
+    return [
+        {"params": [p for p in params if id(p) not in norm_ids], "weight_decay": args.wd},
+        {
+            "params": [p for p in params if id(p) in norm_ids],
+            "weight_decay": args.norm_weight_decay,
+        },
+    ]
 
 
 def make_scheduler(optimizer, args, steps_per_epoch):
@@ -274,10 +285,13 @@ def make_scheduler(optimizer, args, steps_per_epoch):
         main = sched.PolynomialLR(optimizer, total_iters=length, power=0.9)
     if warmup == 0:
         return main
+    start = args.lr_warmup_decay  # the share of the lr the warm-up starts at; timm's --warmup-lr:
+    if getattr(args, "warmup_lr", None) is not None:  # that rate itself
+        start = args.warmup_lr / optimizer.param_groups[0]["initial_lr"]
     if args.lr_warmup_method == "linear":
-        ramp = sched.LinearLR(optimizer, start_factor=args.lr_warmup_decay, total_iters=warmup)
+        ramp = sched.LinearLR(optimizer, start_factor=start, total_iters=warmup)
     else:
-        ramp = sched.ConstantLR(optimizer, factor=args.lr_warmup_decay, total_iters=warmup)
+        ramp = sched.ConstantLR(optimizer, factor=start, total_iters=warmup)
     return sched.SequentialLR(optimizer, [ramp, main], milestones=[warmup])
 
 
@@ -311,7 +325,13 @@ def prepare_model(model, args, world, steps_per_epoch, log):
     compiled = args.compile and not args.evaluate  # --evaluate scores the plain model
     how = f"compiled ({args.compile_mode} mode)" if compiled else "not compiled"
     log(
-        {"type": "config", "lr": lr, "compiled": compiled, "args": vars(args)},
+        {
+            "type": "config",
+            "lr": lr,
+            "compiled": compiled,
+            "world_size": world.size,
+            "args": vars(args),
+        },
         f"{args.arch}: world size {world.size}, batch {args.batch_size} per process, global batch "
         f"{args.batch_size * world.size}, {steps_per_epoch} steps per epoch, lr {lr:.6g} "
         f"({lr_from}), {args.opt}, {args.lr_scheduler} schedule, model on {world.device}, DALI on "
@@ -345,15 +365,22 @@ def make_model_ema(model, args, world):
 
 def learning_rate(args, global_batch):
     """(the run's learning rate, where it comes from): --lr as it is, torchvision's; else timm's
-    --lr-base, a rate per --lr-base-size images, scaled to the global batch."""
+    --lr-base, a rate per --lr-base-size images, scaled to the global batch as timm scales it:
+    by the ratio, or for AdamW by its square root (--lr-base-scale)."""
     if args.lr is not None:
         return args.lr, f"--lr {args.lr:g}"
-    lr = args.lr_base * global_batch / args.lr_base_size
-    given = "" if "lr_base" in args.given else ", the default; --lr sets the rate itself"
-    return lr, (
-        f"--lr-base {args.lr_base:g} x global batch {global_batch} / --lr-base-size "
-        f"{args.lr_base_size}{given}"
-    )
+    scale = getattr(args, "lr_base_scale", None) or ("sqrt" if args.opt == "adamw" else "linear")
+    ratio = f"global batch {global_batch} / --lr-base-size {args.lr_base_size}"
+    lr, how = args.lr_base * global_batch / args.lr_base_size, f"x {ratio}"
+    if scale == "sqrt":
+        lr, how = args.lr_base * math.sqrt(global_batch / args.lr_base_size), f"x sqrt({ratio})"
+    if "lr_base" in args.given:
+        whose = ""
+    elif getattr(args, "demo", False):
+        whose = ", --data demo's; --lr sets the rate itself"
+    else:
+        whose = ", the default; --lr sets the rate itself"
+    return lr, f"--lr-base {args.lr_base:g} {how}{whose}"
 
 
 def load_weights(model, args):
@@ -373,16 +400,39 @@ def load_weights(model, args):
             f"ResNet50_Weights.IMAGENET1K_V2 ({why})"
         ) from None
     own = model.state_dict()
-    fits = {k: v for k, v in named_as(state, own).items() if fits_in(own, k, v)}
+    named = named_as(state, own)
+    fits = {k: v for k, v in named.items() if fits_in(own, k, v)}
     if not fits:
         raise UsageError(
             f"--weights {name}: none of its tensors fits the model of --arch {args.arch}"
         )
+    check_same_model(name, state, named, own, args)
     model.load_state_dict(fits, strict=False)
     return (
         f"--weights {name}: {len(fits)} of the model's {len(own)} tensors loaded, the others newly "
         f"initialized"
     )
+
+
+def check_same_model(name, state, named, own, args):
+    """Weights of another model are refused: one of our checkpoints of another --arch, or tensors
+    that other shapes than the model's set apart in more than their first dimension (only a head
+    for other classes may differ, in its outputs)."""
+    saved = state.get("args") if isinstance(state, dict) else None  # timm's: a Namespace
+    their_arch = saved.get("arch") if isinstance(saved, dict) else None
+    if isinstance(their_arch, str) and their_arch != args.arch:
+        raise UsageError(
+            f"--weights {name}: a checkpoint of --arch {their_arch}, not --arch {args.arch}; pass "
+            f"--arch {their_arch}"
+        )
+    for key, value in named.items():
+        ours = own.get(key)
+        shape = getattr(value, "shape", None)
+        if ours is not None and shape is not None and shape[1:] != ours.shape[1:]:
+            raise UsageError(
+                f"--weights {name}: weights of another model than --arch {args.arch} ({key} is "
+                f"{tuple(shape)} there, {tuple(ours.shape)} here); pass the --arch they are of"
+            )
 
 
 # Where a file keeps its model's weights: our checkpoints' and timm's "model", Lightning's and
@@ -803,6 +853,33 @@ class Checkpoints:
         return ckpt
 
 
+# Flags the processes of one run may set each their own: where a node finds the data and the run
+# folder, its threads, its logging.
+PER_NODE = ("data", "output_dir", "resume", "workers", "given", "dist_url", "print_freq", "demo")
+
+
+def check_one_run(args, world, data):
+    """Under torchrun every process trains one run: the same flags (PER_NODE's aside) on the same
+    data. A node started otherwise (another -b, another --data set) would hang the job at its
+    first collective or train on other samples; one line names the first difference."""
+    names = [os.path.join(*f.split(os.sep)[-2:]) for f in data.train_pipe.files]
+    mine = {f"--{k.replace('_', '-')}": v for k, v in vars(args).items() if k not in PER_NODE}
+    mine.update(
+        classes=data.classes,
+        samples=data.num_samples,
+        files=hashlib.sha1("\n".join(names).encode()).hexdigest(),  # their class/file names
+    )
+    everyone = [None] * world.size
+    dist.all_gather_object(everyone, mine)
+    for rank, theirs in enumerate(everyone):
+        if differ := next((k for k in mine if theirs.get(k) != everyone[0].get(k)), None):
+            raise UsageError(
+                f"process {rank} was started with another {differ} than process 0 "
+                f"({theirs.get(differ)!r}, not {everyone[0].get(differ)!r}); start every node "
+                f"with the same command and data"
+            )
+
+
 def pipeline_seed(args, world, first_epoch=1):
     """The seed of this process's DALI pipelines: --seed plus its rank. A training pipeline that
     starts with a later epoch (another number of processes took up the run, see
@@ -1030,6 +1107,9 @@ class StepLog:
 # ------------------------------------------------------------------------------------------
 
 
+# Seconds the workers of a stopped job wait for every one of them to have the stop signal, and
+# between their looks: one their launchers passed on reaches all within it (StopSignals.tell_agent).
+SIGNAL_SPREAD, SIGNAL_POLL = 10.0, 0.5
 # SIGTERM (SLURM's and Kubernetes' preemption), SIGINT (Ctrl-C), SIGUSR1 (SLURM's warning), and
 # SIGHUP (a closed terminal) and SIGUSR2 (a scheduler's or a user's), which launch.py passes on too.
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGHUP, signal.SIGUSR2)
@@ -1085,19 +1165,22 @@ class StopSignals:
 
     def tell_agent(self, signum):
         """A stop signal sent to some workers only (``kill`` of one pid) reads to their torchrun
-        agent as failed workers, which --max-restarts restarts: the stop undone. So an agent that
-        did not pass the signal on gets it from its first worker, and stops the job as at a signal
-        of its own: launch.py exits 128 + the signal, plain torchrun 1. An agent that passed it on
-        sent it to all its workers at once, and is not told again; one with a single worker cannot
-        be told apart, and a second signal to an agent already stopping only repeats the stop."""
-        for other in STOP_SIGNALS:  # the stop is saved: a signal from here on changes nothing
-            signal.signal(other, signal.SIG_IGN)
-        node = int(os.environ["GROUP_RANK"])
-        mine = torch.tensor([node, int(self.signum != 0)])
-        everyone = [torch.zeros_like(mine) for _ in range(dist.get_world_size(self.group))]
-        dist.all_gather(everyone, mine, group=self.group)
-        caught = [bool(c) for n, c in everyone if n == node]
-        if os.environ["LOCAL_RANK"] == "0" and (len(caught) == 1 or not all(caught)):
+        agents as failed workers, which --max-restarts restarts: the stop undone. So where a
+        worker of the job still lacks the signal after SIGNAL_SPREAD seconds, each agent is told
+        by its first worker, and stops the job as at a signal of its own: launch.py exits 128 +
+        the signal, plain torchrun 1. A signal that every worker has is the job's: its launchers
+        passed it on, or its agents restart every worker (a node joining an elastic job), and no
+        agent is told again."""
+        for other in STOP_SIGNALS:  # the stop is saved: a later signal is only counted
+            signal.signal(other, lambda signum, frame: setattr(self, "signum", signum))
+        everyone = torch.tensor([0])
+        for _ in range(int(SIGNAL_SPREAD / SIGNAL_POLL) + 1):  # as many rounds on every worker
+            everyone = torch.tensor([int(self.signum != 0)])
+            dist.all_reduce(everyone, dist.ReduceOp.MIN, group=self.group)
+            if everyone.item():
+                break
+            time.sleep(SIGNAL_POLL)
+        if not everyone.item() and os.environ["LOCAL_RANK"] == "0":
             # the agent handles the signals listed here (its --signals-to-handle); any other
             # would end it at once, leaving its workers unwatched
             handled = os.environ.get("TORCHELASTIC_SIGNALS_TO_HANDLE", "SIGTERM").split(",")
@@ -1137,7 +1220,8 @@ def end_failed_run(e):
     alone = not (dist.is_initialized() and dist.get_world_size() > 1)
     if status == 1 and alone:
         raise  # the exception being handled, with its traceback as it was
-    print(text, file=sys.stderr, flush=True)
+    sys.stderr.write(text + "\n")  # one write: torchrun's processes' lines do not mix
+    sys.stderr.flush()
     sys.stdout.flush()
     # Other processes may wait for this one in a collective, where NCCL's graceful
     # destroy_process_group() would wait forever: end at once, and torchrun stops the others.
