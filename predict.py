@@ -124,11 +124,10 @@ def check_sizes(files):
                 )
 
 
-def refuse_overwrite(args, outputs, writes_images=True):
+def refuse_overwrite(args, outputs):
     """``outputs``, (file to write, the input it comes from) pairs: refused in one line where two
     inputs would write one file, or, without --overwrite, where a file exists; an --output-dir
-    that is a file is refused. Every process checks before any writes. A trainer that
-    ``writes_images`` marks --output-dir (OUTPUT_MARK): no --predict takes them for its input."""
+    that is a file is refused. Every process checks before any writes."""
     if os.path.exists(args.output_dir) and not os.path.isdir(args.output_dir):
         raise UsageError(
             f"--output-dir {args.output_dir}: is a file; expected a folder for the predictions"
@@ -144,11 +143,17 @@ def refuse_overwrite(args, outputs, writes_images=True):
         raise UsageError(
             f"{found}: exists; pass --overwrite to replace it, or another --output-dir"
         )
-    if writes_images and (not dist.is_initialized() or dist.get_rank() == 0):
-        with written(os.path.join(args.output_dir, OUTPUT_MARK)) as f:
-            f.write(b"--predict's outputs\n")
     if dist.is_initialized():
         dist.barrier()  # no process writes before every one has checked
+
+
+def mark_outputs(output_dir):
+    """OUTPUT_MARK in --output-dir once predictions are written there: no later --predict takes
+    them for its input. A run refused or failed before its first output leaves the folder as it was."""
+    path = os.path.join(output_dir, OUTPUT_MARK)
+    if not os.path.exists(path):
+        with written(path) as f:
+            f.write(b"--predict's outputs\n")
 
 
 @contextlib.contextmanager

@@ -12,9 +12,11 @@ import os
 import re
 import shutil
 import signal
+import struct
 import subprocess
 import sys
 import time
+import zlib
 from types import SimpleNamespace
 
 import numpy as np
@@ -318,8 +320,10 @@ def test_each_process_memory_is_logged_at_start_up_and_every_epoch(tmp_path):
         assert memory["rank"] == 0 and memory["gpu_reserved_peak"] is memory["gpu_used"] is None
         rss, peak = memory["host_rss"], memory["host_rss_peak"]
         assert type(rss) is int and type(peak) is int and 10**8 < rss <= peak < 64 * 10**9
+    # VmHWM does not fall, but Linux counts RSS per thread and folds the counts in late: a later
+    # reading may be some pages below an earlier one
     peaks = [memory["host_rss_peak"] for (memory,) in logged]
-    assert peaks == sorted(peaks)
+    assert all(later > earlier - 2**20 for earlier, later in zip(peaks, peaks[1:])), peaks
     rss, peak = (start["memory"][0][k] / 1e9 for k in ("host_rss", "host_rss_peak"))
     assert f"memory at start-up: host {rss:.1f} GB (peak {peak:.1f} GB)\n" in proc.stdout
     last = logged[-1][0]
@@ -549,7 +553,7 @@ def test_progressive_resize_resumes_mid_epoch_at_its_size(tmp_path):
 @pytest.mark.parametrize(
     "values,needle",
     [
-        (["0", "1", "3"], "at least 1"),
+        (["0", "1", "3"], "must be in [1, 8192], got 0"),
         (["32", "3", "1"], "START_EPOCH 3 is after END_EPOCH 1"),
         (["128", "1", "3"], "MIN_RES 128 is above --train-crop-size 96"),
     ],
@@ -1409,7 +1413,12 @@ def test_error_undecodable_val_image_stops_in_the_first_steps(tmp_path):
     # the first epoch reads a validation batch after each step: 5.png is in val batch 2 (batch 4, unshuffled)
     root = tiny_imagefolder(str(tmp_path / "d"), per_class=8)
     bad = os.path.join(root, "val", "a", "5.png")
-    corrupt(bad, b"\x89PNG\r\n\x1a\n broken")
+    # its header whole (the listing's check passes it), its pixels broken: only decoding tells
+    with open(bad, "rb") as f:
+        header = f.read(33)  # the signature and IHDR
+    garbage = b"not deflate data" * 4
+    idat = struct.pack(">I", len(garbage)) + b"IDAT" + garbage
+    corrupt(bad, header + idat + struct.pack(">I", zlib.crc32(idat[4:])))
     out = str(tmp_path / "o")
     assert_one_line_error(tiny_run(root, out, check=False), bad, "cannot decode")
     assert [r["step"] for r in records(out, "train")] == [1, 2] and records(out, "epoch") == []

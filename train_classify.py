@@ -245,7 +245,7 @@ if __name__ == "__main__":
     data = parse_args().data
     if (
         data not in (None, DEMO_DIR)
-        and not data.startswith("s3://")
+        and "://" not in data  # s3:// is read, other schemes named: data_sources answers
         and (why := lacks_splits(data))
     ):
         print(f"error: {why}", file=sys.stderr)
@@ -475,7 +475,7 @@ def predict(args, world):
     ckpt = checkpoint_to_predict(args, world)
     files = images_to_predict(args, world, writes_images=False)  # a CSV file, no image
     path = os.path.join(args.output_dir, "predictions.csv")
-    refuse_overwrite(args, [(path, args.predict)], writes_images=False)
+    refuse_overwrite(args, [(path, args.predict)])
     classes = ckpt.get("classes") or [str(k) for k in range(args.num_classes or 1000)]
     model = load_to_predict(make_model(args, len(classes)), ckpt, args, world)
     pipe = ClassifyValPipeline(  # a list of files: each labelled by its position in it

@@ -206,7 +206,7 @@ if __name__ == "__main__":
     # --help, a bad flag and a --data that is not there answer here, before torch and DALI take
     # seconds to load
     data = parse_args().data
-    if data and data != "demo" and not data.startswith("s3://") and not os.path.isdir(data):
+    if data and data != "demo" and "://" not in data and not os.path.isdir(data):
         print(f"error: {no_data_folder(data)}", file=sys.stderr)
         sys.exit(2)
 
@@ -245,6 +245,7 @@ from predict import (
     checkpoint_to_predict,
     images_to_predict,
     load_to_predict,
+    mark_outputs,
     refuse_overwrite,
     written,
 )
@@ -663,6 +664,8 @@ def predict(args, world):
                 )
                 pred = score[0].argmax(0) if args.num_classes > 1 else score[0, 0] > threshold
                 save_prediction(masks[k], overlays[k], files[k], pred.to(torch.uint8), colors)
+            if world.main:
+                mark_outputs(args.output_dir)
     if world.main:
         print(f"--predict: {len(files)} images of {args.predict} into {args.output_dir}")
 
