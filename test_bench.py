@@ -199,3 +199,58 @@ def test_auto_augment_choices_are_the_pipelines_policies():
     with pytest.raises(SystemExit):
         parse_args(["--auto-augment", "autoaugment"])
     assert set(TORCHVISION_AUTO_AUGMENT) == set(AUTO_AUGMENT)
+
+
+# A stand-in trainer for share.py: two epochs of four steps, a line every two; its img/s is
+# synthetic's or the loader's, each run's second epoch at twice its first
+FAKE_TRAINER = """
+import json, os, sys
+out = sys.argv[sys.argv.index("--output-dir") + 1]
+os.makedirs(out)
+rate = 200.0 if "--loader" in sys.argv else 150.0
+records = [{"type": "config", "args": {"batch_size": 4}, "world_size": 2}]
+for epoch in (1, 2):
+    for step in (2, 4):
+        records.append(
+            {"type": "train", "epoch": epoch, "step": step, "steps": 4, "img_s": rate * epoch / 2}
+        )
+with open(os.path.join(out, "metrics.jsonl"), "w") as f:
+    f.write("".join(json.dumps(r) + "\\n" for r in records))
+"""
+
+
+def test_share_is_the_median_of_each_runs_windows_after_the_skipped_epochs(tmp_path):
+    import share
+
+    fake = tmp_path / "fake.py"
+    fake.write_text(FAKE_TRAINER)
+    rate, seconds = share.run_rate([str(fake), "--loader", "synthetic"], str(tmp_path / "o"), 1)
+    # epoch 2's two windows of 2 steps of 4 images on each of 2 processes, at 200 img/s
+    assert rate == 200.0 and seconds == pytest.approx(2 * (2 * 4 * 2 / 200))
+    proc = subprocess.run(
+        [sys.executable, "share.py", "--runs", "3", "--json", str(tmp_path / "s.json"), "--",
+         str(fake), "--variant-flag"],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[:2] == [
+        "run 1/3 synthetic: 200 img/s (too short: 0 s timed)",
+        "run 1/3 dali: 150 img/s (too short: 0 s timed)",
+    ]
+    assert lines[-2:] == [
+        "synthetic: median 200 img/s, 200 to 200",
+        "dali: median 150 img/s, share 75.0 % (75.0 to 75.0)",
+    ]
+    with open(tmp_path / "s.json") as f:
+        report = json.load(f)
+    assert report["rates"] == {"synthetic": [200.0] * 3, "dali": [150.0] * 3}
+
+
+def test_share_refuses_fewer_than_three_runs():
+    proc = subprocess.run(
+        [sys.executable, "share.py", "--runs", "2", "--", "train_classify.py"],
+        cwd=REPO, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 2
+    assert "error: expected --runs 3 or more and a trainer with its flags after --" in proc.stderr
