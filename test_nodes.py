@@ -372,16 +372,18 @@ def metrics(out):
 def wait_for(out, done, what, timeout=300):
     deadline = time.time() + timeout
     while not done(metrics(out)):
-        assert time.time() < deadline, what
+        assert time.time() < deadline, (what, [r["type"] for r in metrics(out)][-30:])
         time.sleep(0.2)
 
 
 @pytest.mark.parametrize("trainer", ["train_classify.py", "train_segment.py"])
 def test_an_elastic_job_goes_on_as_nodes_leave_and_join(tmp_path, trainer):
-    """torchrun --nnodes 1:2 under launch.py, two launchers on one machine sharing a folder: one
-    killed mid-epoch with its worker (a node lost), the other restarts alone and goes on from the
-    last checkpoint, its epoch's rest read as its run would have; a launcher that joins later makes
-    the job restart and go on with two. Each step is trained and logged once, and both end well."""
+    """torchrun --nnodes 1:2 under launch.py, launchers on one machine sharing a folder: a second
+    that joins a running job makes it restart and go on with two processes from the stop's
+    checkpoint; killed mid-epoch with its worker (a node lost), it leaves the first to restart
+    alone and go on from the last checkpoint, the epoch's rest read as its run would have. Each
+    step is trained and logged once, and the job ends well. The first launcher hosts the
+    rendezvous (torchrun's c10d store at --rdzv-endpoint), which a job cannot lose."""
     if trainer == "train_classify.py":
         two_class = tmp_path / "data"
         for split, n in (("train", 160), ("val", 8)):
@@ -413,28 +415,37 @@ def test_an_elastic_job_goes_on_as_nodes_leave_and_join(tmp_path, trainer):
             stderr=open(tmp_path / f"{name}.err", "w"), env=CPU_ENV, start_new_session=True,
         )  # fmt: skip
 
-    first, second, third = launch("first"), launch("second"), None
+    first, second = launch("first"), None  # it hosts the rendezvous: torchrun's c10d store
     try:
-        wait_for(out, lambda r: sum(x["type"] == "train" for x in r) >= 4, "no training")
+        trained = lambda r: sum(x["type"] == "train" for x in r)  # noqa: E731
+        processes = lambda r: [len(x["memory"]) for x in r if x["type"] == "epoch"]  # noqa: E731
+        resumes = lambda r: sum(x["type"] == "resume" for x in r)  # noqa: E731
+        wait_for(out, lambda r: trained(r) >= 4, "no training")
+        second = launch("second")  # a node joins
+        wait_for(out, lambda r: 2 in processes(r), "no epoch on two processes")
+        wait_for(out, lambda r: r[-1]["type"] == "train" and r[-1]["global_step"] % 2, "no step")
         lost = worker_pids(second.pid)
-        os.killpg(second.pid, signal.SIGKILL)  # the node, its worker too
+        os.killpg(second.pid, signal.SIGKILL)  # the node leaves: its launcher and its worker
         for pid in lost:
             os.kill(pid, signal.SIGKILL)
         second.wait()
-        shapes = lambda r: [x["world_size"] for x in r if x["type"] == "new_shape"]  # noqa: E731
-        wait_for(out, lambda r: shapes(r) == [[2, 1]], "no restart with one process")
-        third = launch("third")  # a node joins
-        resumes = lambda r: sum(x["type"] == "resume" for x in r)  # noqa: E731
-        wait_for(out, lambda r: resumes(r) == 2, "no restart with two processes")
-        first.wait(timeout=600), third.wait(timeout=600)
+        wait_for(out, lambda r: resumes(r) == 2, "no restart with one process")
+        first.wait(timeout=600)
     finally:
-        for proc in (first, second, third):
+        for proc in (first, second):
             if proc is not None and proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
-    ended = [(tmp_path / f"{name}.err").read_text()[-2000:] for name in ("first", "third")]
-    assert first.returncode == third.returncode == 0, ended
+    assert first.returncode == 0, (tmp_path / "first.err").read_text()[-3000:]
     records = metrics(out)
     steps = [r["global_step"] for r in records if r["type"] == "train"]
     assert steps == list(range(1, len(steps) + 1)) and steps[-1] == records[-2]["global_step"]
-    assert [r["epoch"] for r in records if r["type"] == "epoch"] == list(range(1, 21))
-    assert len(records[-2]["memory"]) == 2  # the last epoch on two processes again
+    # a restart's SIGTERM that lands in validation cuts the pass: that epoch has no scores (as
+    # test_ddp's stop in validation), its training is kept
+    said = "".join((tmp_path / f"{name}.err").read_text() for name in ("first", "second"))
+    cut = {int(e) for e in re.findall(r"stopped by SIGTERM at epoch (\d+) step \d+ in valid", said)}
+    assert [r["epoch"] for r in records if r["type"] == "epoch"] == [
+        e for e in range(1, 21) if e not in cut
+    ]
+    assert (
+        20 not in cut and len(records[-2]["memory"]) == 1
+    )  # the last epoch on the node that stayed
