@@ -1082,6 +1082,32 @@ def startup_tree(args):
     return root, counts
 
 
+def lines_to_first_step(cmd):
+    """(seconds, line) for each line ``cmd`` prints until its first training step's, which ends it."""
+    start = time.perf_counter()
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        bufsize=1,
+        cwd=os.path.dirname(os.path.abspath(__file__)),
+    )
+    phases = []
+    for line in proc.stdout:
+        phases.append((round(time.perf_counter() - start, 2), line.rstrip()))
+        log(f"  {phases[-1][0]:7.2f} s  {line.rstrip()}")
+        if line.startswith("Epoch: [1/"):
+            break
+    proc.kill()
+    proc.wait()
+    if not phases or not phases[-1][1].startswith("Epoch: [1/"):
+        sys.exit(
+            f"error: train_classify.py ended before its first step: {phases[-1][1] if phases else ''}"
+        )
+    return phases
+
+
 def startup(args):
     """Seconds from ``python train_classify.py`` to its first training step, with the time to each of its first
     log lines, and its peak memory; the imports alone timed apart."""
@@ -1116,27 +1142,7 @@ def startup(args):
             f"startup: {' '.join(cmd)} ({counts['train']} train and {counts['val']} val images; imports alone "
             f"{imports:.1f} s)"
         )
-        start = time.perf_counter()
-        proc = subprocess.Popen(
-            cmd,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            bufsize=1,
-            cwd=os.path.dirname(os.path.abspath(__file__)),
-        )
-        phases = []
-        for line in proc.stdout:
-            phases.append((round(time.perf_counter() - start, 2), line.rstrip()))
-            log(f"  {phases[-1][0]:7.2f} s  {line.rstrip()}")
-            if line.startswith("Epoch: [1/"):
-                break
-        proc.kill()
-        proc.wait()
-    if not phases or not phases[-1][1].startswith("Epoch: [1/"):
-        sys.exit(
-            f"error: train_classify.py ended before its first step: {phases[-1][1] if phases else ''}"
-        )
+        phases = lines_to_first_step(cmd)
     peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20  # KiB on Linux
     report = dict(
         meta=meta(args),
@@ -1523,17 +1529,20 @@ def classification_loaders(args):
             for name, make in loaders
             if name in ("dali-mixed-hwc", "dali-mixed-cached", "dali-cpu", "dataloader")
         ]
-    if args.only:
-        words = args.only.split(",")
-        if unmatched := [w for w in words if not any(w in name for name, _ in loaders)]:
-            names = ", ".join(name for name, _ in loaders)
-            print(
-                f"error: --only {args.only}: {', '.join(unmatched)} names none of {names}",
-                file=sys.stderr,
-            )
-            sys.exit(2)
-        loaders = [(name, make) for name, make in loaders if any(w in name for w in words)]
-    return loaders
+    return chosen(loaders, args.only) if args.only else loaders
+
+
+def chosen(loaders, only):
+    """The (name, loader) rows that --only's comma-separated words name a part of; a word that
+    names none is refused in one line, with the names."""
+    words = only.split(",")
+    if unmatched := [w for w in words if not any(w in name for name, _ in loaders)]:
+        names = ", ".join(name for name, _ in loaders)
+        print(
+            f"error: --only {only}: {', '.join(unmatched)} names none of {names}", file=sys.stderr
+        )
+        sys.exit(2)
+    return [(name, make) for name, make in loaders if any(w in name for w in words)]
 
 
 def end_to_end(args, loaders, report):
@@ -1640,6 +1649,29 @@ def main():
     side_by_side(args)
 
 
+def decoder_ceiling(args, report):
+    """The mixed decoder alone, whole images and crops: what no loader on this GPU can pass."""
+    load = DEFAULT_HW_DECODER_LOAD if args.hw_decoder_load is None else args.hw_decoder_load
+    log(f"decoder ceiling: mixed decode alone, hw_decoder_load {load}")
+    report["decoder"] = [
+        guarded(dict(loader=name), time_decoder, name, args, load, crop)
+        for name, crop in (("decode", False), ("crop-decode", True))
+    ]
+    save(report, args.json)
+
+
+def segmentation_rows(args, report):
+    """The segmentation section: DALI on the GPU (where there is one) and on the CPU, and the
+    DataLoader; none under --only, which picks classification loaders."""
+    loaders = [("dali-gpu", partial(dali_segment, device_id=0))] if args.gpu else []
+    loaders += [("dali-cpu", partial(dali_segment, device_id=None)), ("dataloader", torch_segment)]
+    loaders = [] if args.only else loaders
+    report["segmentation"] = with_ratios(
+        [guarded(dict(loader=name), time_loader, name, make, args) for name, make in loaders]
+    )
+    save(report, args.json)
+
+
 def side_by_side(args):
     """The default run: each section's loaders on the same files, one after another, into
     --json."""
@@ -1670,13 +1702,7 @@ def side_by_side(args):
         log(line)
 
     if args.gpu and not args.only:
-        load = DEFAULT_HW_DECODER_LOAD if args.hw_decoder_load is None else args.hw_decoder_load
-        log(f"decoder ceiling: mixed decode alone, hw_decoder_load {load}")
-        report["decoder"] = [
-            guarded(dict(loader=name), time_decoder, name, args, load, crop)
-            for name, crop in (("decode", False), ("crop-decode", True))
-        ]
-        save(report, args.json)
+        decoder_ceiling(args, report)
     else:
         report["skipped"]["decoder"] = "--only" if args.only else "no CUDA device"
 
@@ -1690,16 +1716,7 @@ def side_by_side(args):
     save(report, args.json)
 
     log("segmentation loaders")
-    seg_loaders = [("dali-gpu", partial(dali_segment, device_id=0))] if args.gpu else []
-    seg_loaders += [
-        ("dali-cpu", partial(dali_segment, device_id=None)),
-        ("dataloader", torch_segment),
-    ]
-    seg_loaders = [] if args.only else seg_loaders
-    report["segmentation"] = with_ratios(
-        [guarded(dict(loader=name), time_loader, name, make, args) for name, make in seg_loaders]
-    )
-    save(report, args.json)
+    segmentation_rows(args, report)
 
     if args.gpu:
         end_to_end(args, loaders, report)

@@ -598,17 +598,22 @@ def _colour(rgb):
     return tuple(int(v) for v in np.clip(rgb, 0, 255))
 
 
-def _demo_scene(rng, height, width):
-    """(RGB image, L mask 0/255): fingers on textured skin, a glossy painted nail at each tip."""
-    side = min(height, width)
+def _demo_skin(rng, height, width):
+    """(RGB image, its tone): a skin tone in blotches, lit from one side, with sensor noise."""
     tone = np.array(SKIN_TONES[rng.integers(len(SKIN_TONES))], float) + rng.normal(0, 8, 3)
     blotches = rng.uniform(0.85, 1.15, (6, 6)).astype(np.float32)
     smooth = np.asarray(Image.fromarray(blotches).resize((width, height), Image.BICUBIC))
-    yy, xx = np.mgrid[0:height, 0:width] / side
+    yy, xx = np.mgrid[0:height, 0:width] / min(height, width)
     light = rng.uniform(0, 2 * np.pi)
     gradient = 1 + rng.uniform(0.1, 0.3) * (np.cos(light) * xx + np.sin(light) * yy - 0.5)
     skin = tone * (smooth * gradient)[..., None] + rng.normal(0, 4, (height, width, 3))
-    image = Image.fromarray(np.clip(skin, 0, 255).astype(np.uint8))
+    return Image.fromarray(np.clip(skin, 0, 255).astype(np.uint8)), tone
+
+
+def _demo_scene(rng, height, width):
+    """(RGB image, L mask 0/255): fingers on textured skin, a glossy painted nail at each tip."""
+    side = min(height, width)
+    image, tone = _demo_skin(rng, height, width)
     mask = Image.new("L", (width, height), 0)
     gloss = Image.new("L", (width, height), 0)
     draw, draw_mask, draw_gloss = ImageDraw.Draw(image), ImageDraw.Draw(mask), ImageDraw.Draw(gloss)
