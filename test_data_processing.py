@@ -697,6 +697,8 @@ CTRL_C = """
 import os, signal, sys
 sys.path.insert(0, {here!r})
 import data_processing
+# as in a terminal: a shell's background job starts with SIGINT ignored, and Python keeps that
+signal.signal(signal.SIGINT, signal.default_int_handler)
 converted = []
 real = data_processing._convert
 def convert_then_interrupt(*args):

@@ -649,6 +649,8 @@ CTRL_C = """
 import os, signal, sys
 sys.path.insert(0, {here!r})
 import make_shards
+# as in a terminal: a shell's background job starts with SIGINT ignored, and Python keeps that
+signal.signal(signal.SIGINT, signal.default_int_handler)
 calls = []
 def write_then_interrupt(real):
     def write(f, *args):
