@@ -94,6 +94,27 @@ def test_demo_learns_on_the_gpu(tmp_path):
     assert max(e["val_dice"] for e in epochs) >= 50, epochs  # the best epoch's: best.pth
     ckpt = torch.load(os.path.join(out, "checkpoint.pth"), weights_only=True)
     assert ckpt["args"]["dali_device"] == "gpu" and ckpt["step"] == -(-128 // 8)
+    assert [r["mode"] for r in records(out, "compile")] == ["default"]  # a U-Net's
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_mobilenet_model_trains_with_cuda_graphs_on_one_gpu(tmp_path):
+    """On one GPU the MobileNetV3 models compile with CUDA graphs by default (reduce-overhead): the
+    run learns the demo, validates and saves between the graphs' steps, and a resume goes on in
+    that mode; --compile-mode given wins."""
+    out = str(tmp_path / "o")
+    flags = ["--data", "demo", "--arch", "deeplabv3_mobilenet_v3_large", "--size", "192"]
+    proc = run(*flags, "--amp", "bf16", "--output-dir", out, env=os.environ)  # the demo's 6 epochs
+    assert [r["mode"] for r in records(out, "compile")] == ["reduce-overhead"]
+    assert "the model compiled (reduce-overhead mode)" in proc.stdout + proc.stderr
+    assert max(e["val_dice"] for e in records(out, "epoch")) > 30
+    resume = ["--resume", os.path.join(out, "checkpoint.pth"), "--epochs", "7"]
+    run(*flags, *resume, "--amp", "bf16", "--output-dir", out, env=os.environ)
+    assert [e["epoch"] for e in records(out, "epoch")] == [1, 2, 3, 4, 5, 6, 7]
+    assert [r["mode"] for r in records(out, "compile")] == ["reduce-overhead"] * 2
+    given = str(tmp_path / "given")
+    run(*flags, "--epochs", "1", "--compile-mode", "default", "--output-dir", given, env=os.environ)
+    assert [r["mode"] for r in records(given, "compile")] == ["default"]
 
 
 def test_overlay_png(demo_run):

@@ -48,6 +48,11 @@ DEMO_DEFAULTS = dict(
 SMALLEST_INPUT = 192
 # --aux-loss: the auxiliary classifier's loss weight, torchvision's reference's
 AUX_WEIGHT = 0.5
+# The MobileNetV3 models' many small kernels make a compiled step wait on the host's launches, and
+# so on whatever else the host does; CUDA graphs (--compile-mode reduce-overhead) launch a step's
+# kernels at once. Their default on one GPU: under DDP torch skips the graphs of a model whose
+# BatchNorm updates its statistics (pytorch/pytorch#139207).
+LAUNCH_BOUND = ("lraspp_mobilenet_v3_large", "deeplabv3_mobilenet_v3_large")
 # The torchvision models with an auxiliary classifier (--aux-loss)
 AUX_ARCHS = ("deeplabv3_mobilenet_v3_large", "deeplabv3_resnet50", "fcn_resnet50")
 ARCHS = [
@@ -515,7 +520,8 @@ def describe(metrics):
 
 
 def main(args):
-    world = training.setup(args)  # torchrun's ranks; this process's device
+    graphs = "reduce-overhead" if args.arch in LAUNCH_BOUND else "default"
+    world = training.setup(args, gpu_compile_mode=graphs)  # torchrun's ranks; this process's device
     if args.predict:  # the trained model on new images: no --data, no run folder
         return predict(args, world)
     ckpt = resume.load(args, world) if args.resume else None  # a resume takes its run's flags

@@ -80,10 +80,11 @@ def torchrun_world():
     )
 
 
-def setup(args):
+def setup(args, gpu_compile_mode="default"):
     """This process's World: its device, and under torchrun its place in the process group (NCCL
     on GPUs, gloo on CPUs). What follows from the device is settled here: bare --amp,
-    --dali-device and --compile get the device's defaults."""
+    --dali-device, --compile and --compile-mode get the device's defaults (``gpu_compile_mode``:
+    the trainer's mode for its model on one GPU)."""
     refuse_tasks_without_torchrun()
     if args.device == "cuda" and not torch.cuda.is_available():
         raise UsageError("--device cuda: no CUDA device is visible; use --device cpu")
@@ -101,6 +102,8 @@ def setup(args):
     args.dali_device = args.dali_device or ("gpu" if cuda else "cpu")
     if args.compile is None:  # a GPU run's model is compiled; a CPU run starts at once
         args.compile = cuda or "compile_mode" in args.given
+    if args.compile_mode is None:
+        args.compile_mode = gpu_compile_mode if cuda and not world.distributed else "default"
     if args.dali_device == "gpu" and not cuda:
         raise UsageError("--dali-device gpu: no CUDA device is visible; use --dali-device cpu")
     if args.sync_bn and not cuda and not args.evaluate:
