@@ -313,7 +313,7 @@ def add_optimisation_flags(g):
         choices=["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"],
         help="torch.compile's mode: reduce-overhead adds CUDA graphs, max-autotune searches "
         "kernels (and adds CUDA graphs) for a longer compile; a mode given compiles the model on "
-        "the CPU too (default: default; train_segment.py's MobileNetV3 models on one GPU: "
+        "the CPU too (default: default; train_segment.py's DeepLabV3-MobileNetV3 on one GPU: "
         "reduce-overhead)",
     )
     g.add_argument(

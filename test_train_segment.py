@@ -99,7 +99,7 @@ def test_demo_learns_on_the_gpu(tmp_path):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_a_mobilenet_model_trains_with_cuda_graphs_on_one_gpu(tmp_path):
-    """On one GPU the MobileNetV3 models compile with CUDA graphs by default (reduce-overhead): the
+    """On one GPU DeepLabV3-MobileNetV3 compiles with CUDA graphs by default (reduce-overhead): the
     run learns the demo, validates and saves between the graphs' steps, and a resume goes on in
     that mode; --compile-mode given wins."""
     out = str(tmp_path / "o")
