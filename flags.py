@@ -313,8 +313,8 @@ def add_optimisation_flags(g):
         choices=["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"],
         help="torch.compile's mode: reduce-overhead adds CUDA graphs, max-autotune searches "
         "kernels (and adds CUDA graphs) for a longer compile; a mode given compiles the model on "
-        "the CPU too (default: default; train_segment.py's DeepLabV3-MobileNetV3 on one GPU: "
-        "reduce-overhead)",
+        "the CPU too (default: default; on one GPU, reduce-overhead for the models in "
+        "train_segment.py's LAUNCH_BOUND)",
     )
     g.add_argument(
         "--seed", type=int, default=0, help="seed of model init and of every random augmentation"
