@@ -98,12 +98,13 @@ def test_demo_learns_on_the_gpu(tmp_path):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_a_mobilenet_model_trains_with_cuda_graphs_on_one_gpu(tmp_path):
-    """On one GPU DeepLabV3-MobileNetV3 compiles with CUDA graphs by default (reduce-overhead): the
+@pytest.mark.parametrize("arch", ["deeplabv3_mobilenet_v3_large", "lraspp_mobilenet_v3_large"])
+def test_a_mobilenet_model_trains_with_cuda_graphs_on_one_gpu(tmp_path, arch):
+    """On one GPU the MobileNetV3 models compile with CUDA graphs by default (reduce-overhead): the
     run learns the demo, validates and saves between the graphs' steps, and a resume goes on in
     that mode; --compile-mode given wins."""
     out = str(tmp_path / "o")
-    flags = ["--data", "demo", "--arch", "deeplabv3_mobilenet_v3_large", "--size", "192"]
+    flags = ["--data", "demo", "--arch", arch, "--size", "192"]
     proc = run(*flags, "--amp", "bf16", "--output-dir", out, env=os.environ)  # the demo's 6 epochs
     assert [r["mode"] for r in records(out, "compile")] == ["reduce-overhead"]
     assert "the model compiled (reduce-overhead mode)" in proc.stdout + proc.stderr

@@ -51,9 +51,8 @@ AUX_WEIGHT = 0.5
 # DeepLabV3-MobileNetV3's many small kernels make a compiled step wait on the host's launches, and
 # so on whatever else the host does; CUDA graphs (--compile-mode reduce-overhead) launch a step's
 # kernels at once. Its default on one GPU: under DDP torch skips the graphs of a model whose
-# BatchNorm updates its statistics (pytorch/pytorch#139207). LRASPP's backbone is the same; it
-# joins once its GPU test has run with graphs.
-LAUNCH_BOUND = ("deeplabv3_mobilenet_v3_large",)
+# BatchNorm updates its statistics (pytorch/pytorch#139207). LRASPP shares the backbone.
+LAUNCH_BOUND = ("deeplabv3_mobilenet_v3_large", "lraspp_mobilenet_v3_large")
 # The torchvision models with an auxiliary classifier (--aux-loss)
 AUX_ARCHS = ("deeplabv3_mobilenet_v3_large", "deeplabv3_resnet50", "fcn_resnet50")
 ARCHS = [
