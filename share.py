@@ -9,8 +9,10 @@ log windows after the first epochs, over several runs, with their spread.
 Every variant (the trainer as given, and each --variant's flags added) and the synthetic run take
 their turn in each round, so a slow spell of the machine falls on all of them. A run counts its
 windows from epoch --skip + 1 on (the compile, the decoder cache's fill before); one that times
-fewer than --min-seconds of steps is said to be too short. A line per variant gives the median
-share and its spread; --json keeps every run.
+fewer than --min-seconds of steps is said to be too short. Each run's line gives its img/s and its
+data wait (the share of step time spent waiting for DALI: high, the loader is short; low with a low
+share, the loader's GPU work slows the model). A line per variant gives the median share and its
+spread; --json keeps every run.
 """
 
 import argparse
@@ -39,7 +41,8 @@ def parse_args(argv=None):
 
 
 def run_rate(command, out, skip):
-    """(median img/s of the run's windows after ``skip`` epochs, seconds those windows timed)."""
+    """(median img/s of the run's windows after ``skip`` epochs, seconds those windows timed, their
+    median data wait in %)."""
     proc = subprocess.run([sys.executable, *command, "--output-dir", out], text=True)
     if proc.returncode:
         sys.exit(f"error: {shlex.join(command)} ended with status {proc.returncode}")
@@ -51,29 +54,32 @@ def run_rate(command, out, skip):
         images = (r["step"] - last) * batch  # a process's; img_s is all processes'
         last = 0 if r["step"] == r["steps"] else r["step"]
         if r["epoch"] > skip and r["img_s"]:
-            windows.append((r["img_s"], images))
+            windows.append((r["img_s"], images, r["data_wait"]))
     if not windows:
         sys.exit(f"error: {shlex.join(command)}: no window after epoch {skip}; train longer")
     world = next(r for r in records if r["type"] == "config")["world_size"]
-    seconds = sum(images * world / rate for rate, images in windows)
-    return statistics.median(rate for rate, _ in windows), seconds
+    seconds = sum(images * world / rate for rate, images, _ in windows)
+    rate, wait = (statistics.median(w[k] for w in windows) for k in (0, 2))
+    return rate, seconds, wait
 
 
 def main():
     args = parse_args()
     variants = {"synthetic": ["--loader", "synthetic"], "dali": []}
     variants.update({flags: shlex.split(flags) for flags in args.variant})
-    rates = {name: [] for name in variants}
+    rates, waits = {name: [] for name in variants}, {name: [] for name in variants}
     with tempfile.TemporaryDirectory(prefix="share-") as tmp:
         for k in range(args.runs):
             for name, flags in variants.items():
                 out = os.path.join(tmp, f"{k}-{len(rates[name])}-{abs(hash(name))}")
-                rate, seconds = run_rate([*args.trainer, *flags], out, args.skip)
+                rate, seconds, wait = run_rate([*args.trainer, *flags], out, args.skip)
                 rates[name].append(rate)
+                waits[name].append(wait)
                 short = f" (too short: {seconds:.0f} s timed)" if seconds < args.min_seconds else ""
-                print(f"run {k + 1}/{args.runs} {name}: {rate:,.0f} img/s{short}", flush=True)
+                line = f"run {k + 1}/{args.runs} {name}: {rate:,.0f} img/s, data wait {wait:.1f} %"
+                print(line + short, flush=True)
     synthetic = statistics.median(rates["synthetic"])
-    report = {"command": args.trainer, "rates": rates, "shares": {}}
+    report = {"command": args.trainer, "rates": rates, "data_wait": waits, "shares": {}}
     print(
         f"synthetic: median {synthetic:,.0f} img/s, {min(rates['synthetic']):,.0f} to "
         f"{max(rates['synthetic']):,.0f}"

@@ -202,7 +202,8 @@ def test_auto_augment_choices_are_the_pipelines_policies():
 
 
 # A stand-in trainer for share.py: two epochs of four steps, a line every two; its img/s is
-# synthetic's or the loader's, each run's second epoch at twice its first
+# synthetic's or the loader's, each run's second epoch at twice its first; the loader's data wait
+# 5 % an epoch
 FAKE_TRAINER = """
 import json, os, sys
 out = sys.argv[sys.argv.index("--output-dir") + 1]
@@ -212,7 +213,8 @@ records = [{"type": "config", "args": {"batch_size": 4}, "world_size": 2}]
 for epoch in (1, 2):
     for step in (2, 4):
         records.append(
-            {"type": "train", "epoch": epoch, "step": step, "steps": 4, "img_s": rate * epoch / 2}
+            {"type": "train", "epoch": epoch, "step": step, "steps": 4, "img_s": rate * epoch / 2,
+             "data_wait": 0.0 if "--loader" in sys.argv else 5.0 * epoch}
         )
 with open(os.path.join(out, "metrics.jsonl"), "w") as f:
     f.write("".join(json.dumps(r) + "\\n" for r in records))
@@ -224,9 +226,9 @@ def test_share_is_the_median_of_each_runs_windows_after_the_skipped_epochs(tmp_p
 
     fake = tmp_path / "fake.py"
     fake.write_text(FAKE_TRAINER)
-    rate, seconds = share.run_rate([str(fake), "--loader", "synthetic"], str(tmp_path / "o"), 1)
-    # epoch 2's two windows of 2 steps of 4 images on each of 2 processes, at 200 img/s
-    assert rate == 200.0 and seconds == pytest.approx(2 * (2 * 4 * 2 / 200))
+    rate, seconds, wait = share.run_rate([str(fake)], str(tmp_path / "o"), 1)
+    # epoch 2's two windows of 2 steps of 4 images on each of 2 processes, at 150 img/s, 10 % wait
+    assert rate == 150.0 and seconds == pytest.approx(2 * (2 * 4 * 2 / 150)) and wait == 10.0
     proc = subprocess.run(
         [sys.executable, "share.py", "--runs", "3", "--json", str(tmp_path / "s.json"), "--",
          str(fake), "--variant-flag"],
@@ -235,8 +237,8 @@ def test_share_is_the_median_of_each_runs_windows_after_the_skipped_epochs(tmp_p
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     assert lines[:2] == [
-        "run 1/3 synthetic: 200 img/s (too short: 0 s timed)",
-        "run 1/3 dali: 150 img/s (too short: 0 s timed)",
+        "run 1/3 synthetic: 200 img/s, data wait 0.0 % (too short: 0 s timed)",
+        "run 1/3 dali: 150 img/s, data wait 10.0 % (too short: 0 s timed)",
     ]
     assert lines[-2:] == [
         "synthetic: median 200 img/s, 200 to 200",
@@ -245,6 +247,7 @@ def test_share_is_the_median_of_each_runs_windows_after_the_skipped_epochs(tmp_p
     with open(tmp_path / "s.json") as f:
         report = json.load(f)
     assert report["rates"] == {"synthetic": [200.0] * 3, "dali": [150.0] * 3}
+    assert report["data_wait"] == {"synthetic": [0.0] * 3, "dali": [10.0] * 3}
 
 
 def test_share_refuses_fewer_than_three_runs():
