@@ -59,8 +59,8 @@ def run_rate(command, out, skip):
         sys.exit(f"error: {shlex.join(command)}: no window after epoch {skip}; train longer")
     world = next(r for r in records if r["type"] == "config")["world_size"]
     seconds = sum(images * world / rate for rate, images, _ in windows)
-    rate, wait = (statistics.median(w[k] for w in windows) for k in (0, 2))
-    return rate, seconds, wait
+    rates, waits = [rate for rate, _, _ in windows], [wait for _, _, wait in windows]
+    return statistics.median(rates), seconds, statistics.median(waits)
 
 
 def main():
