@@ -63,14 +63,24 @@ def scheduler_name(text):
     return SCHEDULER_ALIASES.get(text.lower(), text.lower())
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse's parser, whose refusal is one `error:` line, exit status 2, as every usage error
+    is; a flag it does not know is answered with what FOREIGN says of it, else our closest flag."""
+
+    def parse_known_args(self, args=None, namespace=None):
+        self.argv = sys.argv[1:] if args is None else list(args)  # what error() looks at
+        return super().parse_known_args(self.argv, namespace)
+
+    def error(self, message):
+        self.exit(2, f"error: {unknown_flag(self, self.argv) or message}\n")
+
+
 def new_parser(description):
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         description=description,
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
         allow_abbrev=False,  # no flag is taken from a prefix: a typo is an error, not another flag
     )
-    # A bad flag ends the run as every usage error does: one `error:` line, exit status 2.
-    parser.error = lambda message: parser.exit(2, f"error: {message}\n")
     parser.add_argument(
         "data_dir", nargs="?", metavar="DIR", help="DALI's ResNet-50 example's place for --data"
     )
@@ -107,9 +117,10 @@ FOREIGN = {
 }
 
 
-def refuse_foreign(parser, argv):
-    """A flag this script does not know ends the run in one line: what FOREIGN says of it, else
-    the closest flag of ours."""
+def unknown_flag(parser, argv):
+    """The answer to the first flag of ``argv`` that ``parser`` does not know: what FOREIGN says of
+    it, else the closest flag of ours; None where it knows them all. Asked only once argparse
+    refuses the command line (an unknown flag's value may have been taken for the data folder)."""
     known = parser._option_string_actions
     for token in argv:
         flag = token.split("=", 1)[0]
@@ -118,10 +129,11 @@ def refuse_foreign(parser, argv):
         if not flag.startswith("--") and flag[:2] in known:  # a short flag with its value: -b32
             continue
         if flag in FOREIGN:
-            parser.error(f"{flag}: {FOREIGN[flag]}")
+            return f"{flag}: {FOREIGN[flag]}"
         close = difflib.get_close_matches(flag, list(known), n=1, cutoff=0.6)
         hint = f"did you mean {close[0]}?" if close else "see --help"
-        parser.error(f"unrecognized argument {flag}: {hint}")
+        return f"unrecognized argument {flag}: {hint}"
+    return None
 
 
 def is_number(text):
@@ -396,8 +408,6 @@ def add_output_flags(g, runs_dir):
 def parse(parser, argv, demo_defaults):
     """The flags, with --data demo's defaults where it is given, and the rules both trainers
     share (check_rules)."""
-    argv = sys.argv[1:] if argv is None else argv
-    refuse_foreign(parser, argv)
     args = parser.parse_args(argv)
     if args.data == "demo" or args.data_dir == "demo":
         parser.set_defaults(**demo_defaults)
@@ -407,7 +417,7 @@ def parse(parser, argv, demo_defaults):
     unset = argparse.Namespace(**{a.dest: None for a in parser._actions})
     given = sorted(k for k, v in vars(parser.parse_args(argv, unset)).items() if v is not None)
     args.given = {k: parser.get_default(k) for k in given}
-    dali_example = args.data_dir is not None or {"-a", "--dali_cpu"} & set(argv)
+    dali_example = args.data_dir is not None or {"-a", "--dali_cpu"} & set(parser.argv)
     if args.data_dir is not None:  # DALI's example's positional folder
         if args.data is not None:
             parser.error(f"{args.data_dir}: a data folder besides --data {args.data}; pass one")
