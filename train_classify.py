@@ -395,7 +395,8 @@ def main(args):
         args.batch_size = 256 if world.device.type == "cuda" else 32
     if args.predict:  # the trained model on new images: no --data, no run folder
         return predict(args, world)
-    ckpt = resume.load(args, world) if args.resume else None  # a resume takes its run's flags
+    # a resume takes its run's flags; resume.load checks --evaluate's and --resume auto's rules
+    ckpt = resume.load(args, world) if args.resume or args.evaluate else None
     check_arch(args)  # before the run folder is made, or the demo set built
     locate_data(args, world)  # builds the demo set, or checks --data
     log = training.open_run(args, world, RUNS_DIR)  # the run folder, locked, and its log

@@ -524,7 +524,8 @@ def main(args):
     world = training.setup(args, gpu_compile_mode=graphs)  # torchrun's ranks; this process's device
     if args.predict:  # the trained model on new images: no --data, no run folder
         return predict(args, world)
-    ckpt = resume.load(args, world) if args.resume else None  # a resume takes its run's flags
+    # a resume takes its run's flags; resume.load checks --evaluate's and --resume auto's rules
+    ckpt = resume.load(args, world) if args.resume or args.evaluate else None
     root = locate_data(args, world)  # builds the demo set or prepares a PNG root, or checks --data
     log = training.open_run(args, world, RUNS_DIR)  # the run folder, locked, and its log
     data = build_loaders(args, world, root, ckpt, log)  # DALI pipelines over this process's shard
