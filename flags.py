@@ -1,4 +1,5 @@
-"""The flags both trainers take, and the argparse types that check their values.
+"""The flags both trainers take, the argparse types that check their values, and the files a
+flag needs beside the trainer (require).
 
 Only argparse is imported here: the trainers read their flags before torch and DALI load, so that
 ``--help`` and a bad flag answer at once. Each trainer adds its own flags (data, model, loss) and
@@ -7,6 +8,7 @@ its defaults (``parser.set_defaults``) around these.
 
 import argparse
 import difflib
+import importlib.util
 import math
 import os
 import sys
@@ -486,3 +488,19 @@ def note_other_meanings(args, argv):
             file=sys.stderr,
             flush=True,
         )
+
+
+def require(feature, *modules):
+    """Where ``feature`` (a flag) needs ``modules`` and one is not beside the trainer, one line
+    that names the files to copy: a fresh run imports none of resume.py, predict.py and
+    data_processing.py, so that a trainer copied without them trains."""
+    missing = [f"{name}.py" for name in modules if importlib.util.find_spec(name) is None]
+    if missing:
+        script = os.path.basename(sys.argv[0])
+        print(
+            f"error: {feature} needs {', '.join(missing)} beside {script} "
+            f"(README.md: What to copy)",
+            file=sys.stderr,
+            flush=True,
+        )
+        sys.exit(2)

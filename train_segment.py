@@ -13,8 +13,10 @@ image, on the GPU when there is one, else on the CPU. --num-classes 1 is binary 
 more use cross-entropy + Dice.
 
 Needs beside it: pipelines.py (the DALI pipelines), data_sources.py (what they read), training.py
-(what a run needs around its loop), flags.py; data_processing.py for PNG roots and --data demo. Read
-top to bottom: flags, model and loss, train_one_epoch and evaluate, main and its phases.
+(what a run needs around its loop), flags.py and outputs.py; resume.py for --resume and
+--evaluate, predict.py, resume.py and data_processing.py for --predict, data_processing.py for PNG
+roots and --data demo. Read top to bottom: flags, model and loss, train_one_epoch and evaluate,
+main and its phases.
 """
 
 import argparse
@@ -223,7 +225,6 @@ from torch import nn
 from torchvision.transforms.functional import pil_to_tensor
 from torchvision.utils import draw_segmentation_masks, make_grid
 
-import resume
 import training
 from data_sources import (
     DataError,
@@ -245,14 +246,6 @@ from pipelines import (
     SegmentValPipeline,
     predict_iterator,
     segment_iterator,
-)
-from predict import (
-    checkpoint_to_predict,
-    images_to_predict,
-    load_to_predict,
-    mark_outputs,
-    refuse_overwrite,
-    written,
 )
 from training import RunData, UsageError
 
@@ -524,8 +517,12 @@ def main(args):
     world = training.setup(args, gpu_compile_mode=graphs)  # torchrun's ranks; this process's device
     if args.predict:  # the trained model on new images: no --data, no run folder
         return predict(args, world)
-    # a resume takes its run's flags; resume.load checks --evaluate's and --resume auto's rules
-    ckpt = resume.load(args, world) if args.resume or args.evaluate else None
+    ckpt = None
+    if args.resume or args.evaluate:  # resume.py only here: a fresh run needs none of it
+        flags.require("--resume" if args.resume else "--evaluate", "resume")
+        import resume
+
+        ckpt = resume.load(args, world)  # its run's flags; --evaluate's, --resume auto's rules
     root = locate_data(args, world)  # builds the demo set or prepares a PNG root, or checks --data
     log = training.open_run(args, world, RUNS_DIR)  # the run folder, locked, and its log
     data = build_loaders(args, world, root, ckpt, log)  # DALI pipelines over this process's shard
@@ -640,6 +637,16 @@ def predict(args, world):
     PNG of class indices in --output-dir (DIR's subfolders mirrored, x.jpg as x.png), and the image
     beside it with the classes drawn over it under --output-dir/overlays/. Under torchrun each
     process predicts its share of the images."""
+    # only --predict needs these (data_processing.py: save_prediction's 16-bit PNGs): imported here
+    flags.require("--predict", "predict", "resume", "data_processing")
+    from predict import (
+        checkpoint_to_predict,
+        images_to_predict,
+        load_to_predict,
+        mark_outputs,
+        refuse_overwrite,
+    )
+
     ckpt = checkpoint_to_predict(args, world)
     files = images_to_predict(args, world)
     masks, overlays = prediction_paths(args, files, ""), prediction_paths(args, files, "overlays")
@@ -719,6 +726,7 @@ def save_prediction(mask_path, overlay_path, source, pred, colors):
     """``pred`` (H, W) class indices as a palette PNG, and beside ``source``'s image (8-bit RGB, as
     DALI decodes it) that image with the foreground classes drawn over it."""
     from data_processing import eight_bits  # a 16-bit PNG as DALI's decoder reads it
+    from predict import written
 
     mask = Image.fromarray(pred.cpu().numpy())
     mask.putpalette([value for color in colors for value in color])  # "L" becomes "P"
@@ -748,6 +756,7 @@ def locate_data(args, world):
         raise UsageError(no_data_folder(args.data))
     if args.data != "demo" and (not local or os.path.isdir(os.path.join(args.data, "csv_file"))):
         return args.data
+    flags.require(f"--data {args.data}", "data_processing")
     from data_processing import prepare  # needed only to build or convert a PNG set
 
     root = DEMO_DIR if args.data == "demo" else args.data
@@ -763,6 +772,8 @@ def build_loaders(args, world, root, ckpt, log):
     """The pipelines (shard RANK of WORLD_SIZE, on GPU LOCAL_RANK or the CPU) over the prepared
     ``root``, their iterators, and what the run knows of its data (training.RunData); checks the
     masks' values."""
+    if ckpt:  # a checkpoint's run: main imported resume.py for it
+        import resume
     dali_state, first_epoch = resume.pipeline_state(ckpt, args, world) if ckpt else (None, 1)
     splits = {split: read_split(root, split) for split in ("train", "valid")}
     (train_imgs, train_lbls), (val_imgs, val_lbls) = splits["train"], splits["valid"]
