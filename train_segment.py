@@ -220,7 +220,7 @@ if __name__ == "__main__":
 import torch
 import torch.distributed as dist
 import torchvision
-from PIL import Image, ImageDraw
+from PIL import Image
 from torch import nn
 from torchvision.transforms.functional import pil_to_tensor
 from torchvision.utils import draw_segmentation_masks, make_grid
@@ -582,18 +582,17 @@ def score(state, data, args, world, log):
     )
 
 
-def save_overlay(path, images, masks, preds, num_classes, line=16):
+def save_overlay(path, images, masks, preds, num_classes):
     """A PNG of a validation batch: a row per image (any normalization, 1 or 3 channels), in three
     columns: the image, its ground truth ``masks`` drawn on it, its predictions ``preds`` drawn on
-    it ((B, H, W) class indices); each foreground class in a colour of its own, the same in both, a
-    title over each column, a legend below."""
+    it ((B, H, W) class indices); each foreground class in its colour of class_colors, the same in
+    both (README.md says which), the background bare."""
     # Each image stretched to 0..255 on its own: right for any normalization and channel count.
     low, high = images.amin(dim=(1, 2, 3), keepdim=True), images.amax(dim=(1, 2, 3), keepdim=True)
     images = (255 * (images - low) / (high - low).clamp(min=1e-6)).to(torch.uint8)
     images = images.expand(-1, 3, -1, -1).cpu()
-    classes = list(range(1, max(2, num_classes)))  # foreground classes; background stays bare
+    shown = torch.arange(1, max(2, num_classes))[:, None, None]  # the foreground classes
     colors = class_colors(num_classes)[1:]
-    shown = torch.tensor(classes)[:, None, None]
     tiles = []
     for image, mask, pred in zip(images, masks.cpu(), preds.cpu()):
         tiles.append(image)
@@ -601,29 +600,9 @@ def save_overlay(path, images, masks, preds, num_classes, line=16):
             tiles.append(
                 draw_segmentation_masks(image, labels[None] == shown, alpha=0.45, colors=colors)
             )
-    grid = Image.fromarray(make_grid(tiles, nrow=3, padding=4).permute(1, 2, 0).numpy())
-    draw, step = ImageDraw.Draw(grid), images.shape[-1] + 4
-    names, places, x, y = [f"class {k}" for k in classes], [], 4, 0
-    for name in names:  # the legend's entries, in as many lines as the width needs
-        width = 14 + round(draw.textlength(name)) + 12
-        if x + width > grid.width and x > 4:
-            x, y = 4, y + 1
-        places.append((x, y))
-        x += width
-    canvas = Image.new("RGB", (grid.width, grid.height + line * (y + 2)))
-    canvas.paste(grid, (0, line))
-    draw = ImageDraw.Draw(canvas)
-    titles = ("image", "ground truth", "prediction")
-    if draw.textlength(titles[1]) >= step - 4:  # narrow tiles
-        titles = ("image", "truth", "pred")
-    for column, title in enumerate(titles):
-        draw.text((4 + column * step, 3), title, fill="white")
-    for name, color, (x, y) in zip(names, colors, places):
-        top = line + grid.height + y * line + 3
-        draw.rectangle([x, top, x + 9, top + 9], fill=color)
-        draw.text((x + 14, top - 1), name, fill="white")
+    grid = make_grid(tiles, nrow=3, padding=4).permute(1, 2, 0).numpy()
     with atomic_open(path) as f:
-        canvas.save(f, format="png")
+        Image.fromarray(grid).save(f, format="png")
 
 
 # ------------------------------------------------------------------------------------------
