@@ -1,9 +1,9 @@
 """The flags both trainers take, the argparse types that check their values, and the files a
 flag needs beside the trainer (require).
 
-Only argparse is imported here: the trainers read their flags before torch and DALI load, so that
-``--help`` and a bad flag answer at once. Each trainer adds its own flags (data, model, loss) and
-its defaults (``parser.set_defaults``) around these.
+Only the standard library is imported here: the trainers read their flags before torch and DALI
+load, so that ``--help`` and a bad flag answer at once. Each trainer adds its own flags (data,
+model, loss) and its defaults (``parser.set_defaults``) around these.
 """
 
 import argparse
