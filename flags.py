@@ -1,12 +1,14 @@
-"""The flags both trainers take, and the argparse types that check their values.
+"""The flags both trainers take, the argparse types that check their values, and the files a
+flag needs beside the trainer (require).
 
-Only argparse is imported here: the trainers read their flags before torch and DALI load, so that
-``--help`` and a bad flag answer at once. Each trainer adds its own flags (data, model, loss) and
-its defaults (``parser.set_defaults``) around these.
+Only the standard library is imported here: the trainers read their flags before torch and DALI
+load, so that ``--help`` and a bad flag answer at once. Each trainer adds its own flags (data,
+model, loss) and its defaults (``parser.set_defaults``) around these.
 """
 
 import argparse
 import difflib
+import importlib.util
 import math
 import os
 import sys
@@ -63,14 +65,24 @@ def scheduler_name(text):
     return SCHEDULER_ALIASES.get(text.lower(), text.lower())
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse's parser, whose refusal is one `error:` line, exit status 2, as every usage error
+    is; a flag it does not know is answered with what FOREIGN says of it, else our closest flag."""
+
+    def parse_known_args(self, args=None, namespace=None):
+        self.argv = sys.argv[1:] if args is None else list(args)  # what error() looks at
+        return super().parse_known_args(self.argv, namespace)
+
+    def error(self, message):
+        self.exit(2, f"error: {unknown_flag(self, self.argv) or message}\n")
+
+
 def new_parser(description):
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         description=description,
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
         allow_abbrev=False,  # no flag is taken from a prefix: a typo is an error, not another flag
     )
-    # A bad flag ends the run as every usage error does: one `error:` line, exit status 2.
-    parser.error = lambda message: parser.exit(2, f"error: {message}\n")
     parser.add_argument(
         "data_dir", nargs="?", metavar="DIR", help="DALI's ResNet-50 example's place for --data"
     )
@@ -107,9 +119,10 @@ FOREIGN = {
 }
 
 
-def refuse_foreign(parser, argv):
-    """A flag this script does not know ends the run in one line: what FOREIGN says of it, else
-    the closest flag of ours."""
+def unknown_flag(parser, argv):
+    """The answer to the first flag of ``argv`` that ``parser`` does not know: what FOREIGN says of
+    it, else the closest flag of ours; None where it knows them all. Asked only once argparse
+    refuses the command line (an unknown flag's value may have been taken for the data folder)."""
     known = parser._option_string_actions
     for token in argv:
         flag = token.split("=", 1)[0]
@@ -118,10 +131,11 @@ def refuse_foreign(parser, argv):
         if not flag.startswith("--") and flag[:2] in known:  # a short flag with its value: -b32
             continue
         if flag in FOREIGN:
-            parser.error(f"{flag}: {FOREIGN[flag]}")
+            return f"{flag}: {FOREIGN[flag]}"
         close = difflib.get_close_matches(flag, list(known), n=1, cutoff=0.6)
         hint = f"did you mean {close[0]}?" if close else "see --help"
-        parser.error(f"unrecognized argument {flag}: {hint}")
+        return f"unrecognized argument {flag}: {hint}"
+    return None
 
 
 def is_number(text):
@@ -393,87 +407,100 @@ def add_output_flags(g, runs_dir):
     )
 
 
+# Flags that exclude each other: each pair with the value that clashes (None: any value given),
+# and the line that refuses it, formatted with the flags' values.
+EXCLUSIVE = (
+    ({"data_dir": None, "data": None}, "{data_dir}: a data folder besides --data {data}; pass one"),
+    (
+        {"lr": None, "lr_base_size": None},
+        "--lr-base-size {lr_base_size}: sets the batch of --lr-base; --lr {lr} is the learning "
+        "rate itself, for any batch",
+    ),
+    (
+        {"warmup_lr": None, "lr_warmup_decay": None},
+        "--warmup-lr {warmup_lr}: sets where the warm-up starts, as --lr-warmup-decay "
+        "{lr_warmup_decay} does; pass one of the two",
+    ),
+    (
+        {"compile_mode": None, "compile": False},
+        "--compile-mode {compile_mode}: sets how the model is compiled, and --no-compile turns "
+        "compiling off; pass one of the two",
+    ),
+    (
+        {"dali_device": "gpu", "device": "cpu"},
+        "--dali-device gpu puts the batches on the GPU; --device cpu needs them on the CPU",
+    ),
+)
+
+
 def parse(parser, argv, demo_defaults):
-    """The flags, with --data demo's defaults where it is given, and the rules both trainers
-    share (check_rules)."""
-    argv = sys.argv[1:] if argv is None else argv
-    refuse_foreign(parser, argv)
+    """The flags, with --data demo's defaults where it is given; ``args.given``: the flags the
+    command line sets, each with the default it replaces (a resume takes the others from its
+    checkpoint). EXCLUSIVE's pairs are refused here; the rules of --resume, --evaluate and
+    --predict where those are handled (resume.load, predict.checkpoint_to_predict)."""
     args = parser.parse_args(argv)
     if args.data == "demo" or args.data_dir == "demo":
         parser.set_defaults(**demo_defaults)
         args = parser.parse_args(argv)
-    # The flags the command line sets (a namespace that already holds every flag takes no
-    # default), each with the default it replaces: a resume takes the others from its checkpoint.
+    # A namespace that already holds every flag takes no default: what it gets was given.
     unset = argparse.Namespace(**{a.dest: None for a in parser._actions})
     given = sorted(k for k, v in vars(parser.parse_args(argv, unset)).items() if v is not None)
     args.given = {k: parser.get_default(k) for k in given}
-    dali_example = args.data_dir is not None or {"-a", "--dali_cpu"} & set(argv)
+    for clash, message in EXCLUSIVE:
+        if all(k in args.given and (v is None or getattr(args, k) == v) for k, v in clash.items()):
+            parser.error(message.format(**vars(args)))
+    if "lr" in args.given or "dist_url" in args.given:
+        note_other_meanings(args, parser.argv)
     if args.data_dir is not None:  # DALI's example's positional folder
-        if args.data is not None:
-            parser.error(f"{args.data_dir}: a data folder besides --data {args.data}; pass one")
         args.data, args.given["data"] = args.data_dir, None
     del args.data_dir
     args.given.pop("data_dir", None)
-    if dali_example and "lr" in args.given and os.environ.get("RANK", "0") == "0":
+    if args.data is None and not args.predict:
+        parser.error("the following arguments are required: --data/--data-path")
+    if (args.batch_size or 2) < 2 and not (args.evaluate or args.predict):
+        parser.error(
+            "--batch-size must be at least 2 for training (BatchNorm needs more than one sample)"
+        )
+    # One of the two says the rate, the other is None: a checkpoint's args say which it was.
+    if "lr" in args.given:
+        args.lr_base = None
+    args.demo = args.data == "demo"  # the log says which settings are the demo's
+    return args
+
+
+def note_other_meanings(args, argv):
+    """A line, on the main process, where --lr or --dist-url means here other than in the command
+    it was brought from (DALI's ResNet-50 example, torchvision's reference)."""
+    if os.environ.get("RANK", "0") != "0":
+        return
+    dali_example = args.data_dir is not None or {"-a", "--dali_cpu"} & set(argv)
+    if dali_example and "lr" in args.given:
         print(
             f"note: --lr {args.lr} is the learning rate itself, as torchvision's; DALI's ResNet-50 "
             f"example scales its --lr by the global batch / 256, as --lr-base does here",
             file=sys.stderr,
             flush=True,
         )
-    args.demo = args.data == "demo"  # the log says which settings are the demo's
-    check_rules(parser, args)
-    return args
-
-
-def check_rules(parser, args):
-    """The rules that tie the shared flags, each a one-line error."""
-    if args.data is None and not args.predict:
-        parser.error("the following arguments are required: --data/--data-path")
-    if args.predict and not (args.resume or args.weights) or args.predict and not args.output_dir:
-        parser.error(
-            "--predict runs the model of --resume CHECKPOINT (or --weights FILE) and writes into "
-            "--output-dir; pass both"
-        )
-    if "lr" in args.given and "lr_base_size" in args.given:
-        parser.error(
-            f"--lr-base-size {args.lr_base_size}: sets the batch of --lr-base; --lr {args.lr} is "
-            f"the learning rate itself, for any batch"
-        )
-    # One of the two says the rate, the other is None: a checkpoint's args say which it was.
-    if "lr" in args.given:
-        args.lr_base = None
-    if "warmup_lr" in args.given and "lr_warmup_decay" in args.given:
-        parser.error(
-            f"--warmup-lr {args.warmup_lr}: sets where the warm-up starts, as --lr-warmup-decay "
-            f"{args.lr_warmup_decay} does; pass one of the two"
-        )
-    if "compile_mode" in args.given and args.compile is False:
-        parser.error(
-            f"--compile-mode {args.compile_mode}: sets how the model is compiled, and --no-compile "
-            f"turns compiling off; pass one of the two"
-        )
-    if (args.batch_size or 2) < 2 and not (args.evaluate or args.predict):
-        parser.error(
-            "--batch-size must be at least 2 for training (BatchNorm needs more than one sample)"
-        )
-    if args.device == "cpu" and args.dali_device == "gpu":
-        parser.error(
-            "--dali-device gpu puts the batches on the GPU; --device cpu needs them on the CPU"
-        )
-    if args.dist_url != "env://" and os.environ.get("RANK", "0") == "0":
+    if args.dist_url != "env://":
         print(
             f"note: --dist-url {args.dist_url} is not used: the processes join through torchrun's "
             f"rendezvous (env://)",
             file=sys.stderr,
             flush=True,
         )
-    if args.resume == "auto" and (not args.output_dir or args.evaluate):
-        parser.error(
-            "--resume auto continues the run in --output-dir: pass --output-dir, and no --evaluate"
+
+
+def require(feature, *modules):
+    """Where ``feature`` (a flag) needs ``modules`` and one is not beside the trainer, one line
+    that names the files to copy: a fresh run imports none of resume.py, predict.py and
+    data_processing.py, so that a trainer copied without them trains."""
+    missing = [f"{name}.py" for name in modules if importlib.util.find_spec(name) is None]
+    if missing:
+        script = os.path.basename(sys.argv[0])
+        print(
+            f"error: {feature} needs {', '.join(missing)} beside {script} "
+            f"(README.md: What to copy)",
+            file=sys.stderr,
+            flush=True,
         )
-    if args.evaluate and not args.resume:
-        parser.error(
-            "--evaluate scores the model of --resume CHECKPOINT; pass one "
-            "(without it the weights are random)"
-        )
+        sys.exit(2)

@@ -27,7 +27,13 @@ PREDICT_MAX_PIXELS = 5000 * 5000
 def checkpoint_to_predict(args, world):
     """--predict's model: --resume's checkpoint (see resume.load), or --weights' file: a
     checkpoint of the trainer's (its run's model flags then taken, as from --resume) or a bare state
-    dict (the flags as given), as {"model": state dict}."""
+    dict (the flags as given), as {"model": state dict}. The trainers call it first: --predict's
+    rule is checked before anything is read or written."""
+    if not (args.resume or args.weights) or not args.output_dir:
+        raise UsageError(
+            "--predict runs the model of --resume CHECKPOINT (or --weights FILE) and writes into "
+            "--output-dir; pass both"
+        )
     if args.resume == "auto" and not os.path.isfile(
         os.path.join(args.output_dir, "checkpoint.pth")
     ):

@@ -1,7 +1,7 @@
 """Continuing a run from its checkpoint, written once for train_classify.py and train_segment.py.
 A fresh run enters none of it; a trainer calls it where a checkpoint is in play:
 
-    ckpt = resume.load(args, world) if args.resume else None   # the run's flags, by the rule
+    ckpt = resume.load(args, world) if args.resume or args.evaluate else None  # the run's flags
     dali_states, first_epoch = resume.pipeline_state(ckpt, args, world)   # its pipelines' state
     start = resume.restore(ckpt, args, world, state, data, log, build)     # its weights and step
 
@@ -116,7 +116,17 @@ def load(args, world):
     """The checkpoint --resume names, loaded, its run's flags taken into ``args`` (see the rule
     above); None for ``--resume auto`` where --output-dir holds no checkpoint.pth (a fresh start).
     ``--resume auto`` then names the file. A checkpoint that lacks what this command needs of it
-    is refused in one line that says what is missing."""
+    is refused in one line that says what is missing. The trainers call it before anything is
+    built or written, also for --evaluate without --resume, whose rules it checks first."""
+    if args.evaluate and not args.resume:
+        raise UsageError(
+            "--evaluate scores the model of --resume CHECKPOINT; pass one "
+            "(without it the weights are random)"
+        )
+    if args.resume == "auto" and (not args.output_dir or args.evaluate):
+        raise UsageError(
+            "--resume auto continues the run in --output-dir: pass --output-dir, and no --evaluate"
+        )
     scoring = bool(args.evaluate or getattr(args, "predict", None))  # the model, not the run
     if args.resume == "auto":
         path = os.path.join(args.output_dir, "checkpoint.pth")

@@ -1884,7 +1884,7 @@ def test_weights_in_lightnings_and_timms_layouts_load_every_tensor(tmp_path):
         # --predict --weights FILE: the same layouts, every tensor
         model = torchvision.models.resnet18(num_classes=2)
         ckpt = predict.checkpoint_to_predict(
-            SimpleNamespace(resume="", weights=path), ONE_CPU_PROCESS
+            SimpleNamespace(resume="", weights=path, output_dir=str(tmp_path)), ONE_CPU_PROCESS
         )
         predict.load_to_predict(model, ckpt, args, ONE_CPU_PROCESS)
         assert all(torch.equal(t, source[k]) for k, t in model.state_dict().items()), layout
@@ -2059,8 +2059,8 @@ def test_resume_auto_continues_the_same_command_and_a_finished_run_is_not_traine
     assert len(records(broken, "epoch")) == 2
 
 
-def test_resume_auto_needs_an_output_dir():
-    proc = run("--data", "x", "--resume", "auto", check=False)
+def test_resume_auto_needs_an_output_dir(tmp_path):
+    proc = run("--data", tiny_imagefolder(str(tmp_path / "d")), "--resume", "auto", check=False)
     assert proc.returncode == 2 and proc.stderr.startswith("error: --resume auto continues the run")
 
 

@@ -14,7 +14,8 @@
 every operator and the training run on the CPU.
 
 Needs beside it: pipelines.py (the DALI pipelines), data_sources.py (what they read), training.py
-(what a run needs around its loop), flags.py; data_processing.py for --data demo. Read top to
+(what a run needs around its loop), flags.py and outputs.py; resume.py for --resume and
+--evaluate, predict.py and resume.py for --predict, data_processing.py for --data demo. Read top to
 bottom: flags, model and loss, train_one_epoch and evaluate, main and its phases.
 """
 
@@ -256,7 +257,6 @@ import torch.distributed as dist
 import torchvision
 from torchvision.transforms import v2
 
-import resume
 import training
 from data_sources import (
     check_unchanged,
@@ -268,13 +268,6 @@ from data_sources import (
     watch,
 )
 from pipelines import ClassifyTrainPipeline, ClassifyValPipeline, classify_iterator
-from predict import (
-    checkpoint_to_predict,
-    images_to_predict,
-    load_to_predict,
-    refuse_overwrite,
-    written,
-)
 from training import RunData, UsageError
 
 
@@ -395,7 +388,12 @@ def main(args):
         args.batch_size = 256 if world.device.type == "cuda" else 32
     if args.predict:  # the trained model on new images: no --data, no run folder
         return predict(args, world)
-    ckpt = resume.load(args, world) if args.resume else None  # a resume takes its run's flags
+    ckpt = None
+    if args.resume or args.evaluate:  # resume.py only here: a fresh run needs none of it
+        flags.require("--resume" if args.resume else "--evaluate", "resume")
+        import resume
+
+        ckpt = resume.load(args, world)  # its run's flags; --evaluate's, --resume auto's rules
     check_arch(args)  # before the run folder is made, or the demo set built
     locate_data(args, world)  # builds the demo set, or checks --data
     log = training.open_run(args, world, RUNS_DIR)  # the run folder, locked, and its log
@@ -472,6 +470,15 @@ def predict(args, world):
     DIR, then its top-5 classes (the checkpoint's names), each with its probability, most likely
     first; the images transformed as validation's. Under torchrun each process predicts its share
     and the main one writes the file."""
+    flags.require("--predict", "predict", "resume")  # only --predict needs them: imported here
+    from predict import (
+        checkpoint_to_predict,
+        images_to_predict,
+        load_to_predict,
+        refuse_overwrite,
+        written,
+    )
+
     ckpt = checkpoint_to_predict(args, world)
     files = images_to_predict(args, world, writes_images=False)  # a CSV file, no image
     path = os.path.join(args.output_dir, "predictions.csv")
@@ -524,6 +531,7 @@ def predict(args, world):
 def locate_data(args, world):
     """--data demo is built, once per node; any --data must hold train/ and val/."""
     if args.data == DEMO_DIR:
+        flags.require("--data demo", "data_processing")
         from data_processing import make_demo_images  # only the demo needs it
 
         if world.local_rank == 0:  # one process per node builds it, the others wait at the barrier
@@ -605,6 +613,8 @@ def make_train_pipeline(args, world, dali_state=None, cache=None, first_epoch=1)
 def build_loaders(args, world, ckpt, log):
     """The pipelines and iterators over this process's shards and what the run knows of its data
     (training.RunData); the MB of the decoder cache, or None."""
+    if ckpt:  # a checkpoint's run: main imported resume.py for it
+        import resume
     dali_state, first_epoch = resume.pipeline_state(ckpt, args, world) if ckpt else (None, 1)
     if world.distributed and world.local_rank > 0:
         dist.barrier()  # local rank 0 indexes the node's new shards; the others then find them made

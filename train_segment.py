@@ -13,8 +13,10 @@ image, on the GPU when there is one, else on the CPU. --num-classes 1 is binary 
 more use cross-entropy + Dice.
 
 Needs beside it: pipelines.py (the DALI pipelines), data_sources.py (what they read), training.py
-(what a run needs around its loop), flags.py; data_processing.py for PNG roots and --data demo. Read
-top to bottom: flags, model and loss, train_one_epoch and evaluate, main and its phases.
+(what a run needs around its loop), flags.py and outputs.py; resume.py for --resume and
+--evaluate, predict.py, resume.py and data_processing.py for --predict, data_processing.py for PNG
+roots and --data demo. Read top to bottom: flags, model and loss, train_one_epoch and evaluate,
+main and its phases.
 """
 
 import argparse
@@ -218,12 +220,11 @@ if __name__ == "__main__":
 import torch
 import torch.distributed as dist
 import torchvision
-from PIL import Image, ImageDraw
+from PIL import Image
 from torch import nn
 from torchvision.transforms.functional import pil_to_tensor
 from torchvision.utils import draw_segmentation_masks, make_grid
 
-import resume
 import training
 from data_sources import (
     DataError,
@@ -245,14 +246,6 @@ from pipelines import (
     SegmentValPipeline,
     predict_iterator,
     segment_iterator,
-)
-from predict import (
-    checkpoint_to_predict,
-    images_to_predict,
-    load_to_predict,
-    mark_outputs,
-    refuse_overwrite,
-    written,
 )
 from training import RunData, UsageError
 
@@ -524,7 +517,12 @@ def main(args):
     world = training.setup(args, gpu_compile_mode=graphs)  # torchrun's ranks; this process's device
     if args.predict:  # the trained model on new images: no --data, no run folder
         return predict(args, world)
-    ckpt = resume.load(args, world) if args.resume else None  # a resume takes its run's flags
+    ckpt = None
+    if args.resume or args.evaluate:  # resume.py only here: a fresh run needs none of it
+        flags.require("--resume" if args.resume else "--evaluate", "resume")
+        import resume
+
+        ckpt = resume.load(args, world)  # its run's flags; --evaluate's, --resume auto's rules
     root = locate_data(args, world)  # builds the demo set or prepares a PNG root, or checks --data
     log = training.open_run(args, world, RUNS_DIR)  # the run folder, locked, and its log
     data = build_loaders(args, world, root, ckpt, log)  # DALI pipelines over this process's shard
@@ -584,18 +582,17 @@ def score(state, data, args, world, log):
     )
 
 
-def save_overlay(path, images, masks, preds, num_classes, line=16):
+def save_overlay(path, images, masks, preds, num_classes):
     """A PNG of a validation batch: a row per image (any normalization, 1 or 3 channels), in three
     columns: the image, its ground truth ``masks`` drawn on it, its predictions ``preds`` drawn on
-    it ((B, H, W) class indices); each foreground class in a colour of its own, the same in both, a
-    title over each column, a legend below."""
+    it ((B, H, W) class indices); each foreground class in its colour of class_colors, the same in
+    both (README.md says which), the background bare."""
     # Each image stretched to 0..255 on its own: right for any normalization and channel count.
     low, high = images.amin(dim=(1, 2, 3), keepdim=True), images.amax(dim=(1, 2, 3), keepdim=True)
     images = (255 * (images - low) / (high - low).clamp(min=1e-6)).to(torch.uint8)
     images = images.expand(-1, 3, -1, -1).cpu()
-    classes = list(range(1, max(2, num_classes)))  # foreground classes; background stays bare
+    shown = torch.arange(1, max(2, num_classes))[:, None, None]  # the foreground classes
     colors = class_colors(num_classes)[1:]
-    shown = torch.tensor(classes)[:, None, None]
     tiles = []
     for image, mask, pred in zip(images, masks.cpu(), preds.cpu()):
         tiles.append(image)
@@ -603,29 +600,9 @@ def save_overlay(path, images, masks, preds, num_classes, line=16):
             tiles.append(
                 draw_segmentation_masks(image, labels[None] == shown, alpha=0.45, colors=colors)
             )
-    grid = Image.fromarray(make_grid(tiles, nrow=3, padding=4).permute(1, 2, 0).numpy())
-    draw, step = ImageDraw.Draw(grid), images.shape[-1] + 4
-    names, places, x, y = [f"class {k}" for k in classes], [], 4, 0
-    for name in names:  # the legend's entries, in as many lines as the width needs
-        width = 14 + round(draw.textlength(name)) + 12
-        if x + width > grid.width and x > 4:
-            x, y = 4, y + 1
-        places.append((x, y))
-        x += width
-    canvas = Image.new("RGB", (grid.width, grid.height + line * (y + 2)))
-    canvas.paste(grid, (0, line))
-    draw = ImageDraw.Draw(canvas)
-    titles = ("image", "ground truth", "prediction")
-    if draw.textlength(titles[1]) >= step - 4:  # narrow tiles
-        titles = ("image", "truth", "pred")
-    for column, title in enumerate(titles):
-        draw.text((4 + column * step, 3), title, fill="white")
-    for name, color, (x, y) in zip(names, colors, places):
-        top = line + grid.height + y * line + 3
-        draw.rectangle([x, top, x + 9, top + 9], fill=color)
-        draw.text((x + 14, top - 1), name, fill="white")
+    grid = make_grid(tiles, nrow=3, padding=4).permute(1, 2, 0).numpy()
     with atomic_open(path) as f:
-        canvas.save(f, format="png")
+        Image.fromarray(grid).save(f, format="png")
 
 
 # ------------------------------------------------------------------------------------------
@@ -639,6 +616,16 @@ def predict(args, world):
     PNG of class indices in --output-dir (DIR's subfolders mirrored, x.jpg as x.png), and the image
     beside it with the classes drawn over it under --output-dir/overlays/. Under torchrun each
     process predicts its share of the images."""
+    # only --predict needs these (data_processing.py: save_prediction's 16-bit PNGs): imported here
+    flags.require("--predict", "predict", "resume", "data_processing")
+    from predict import (
+        checkpoint_to_predict,
+        images_to_predict,
+        load_to_predict,
+        mark_outputs,
+        refuse_overwrite,
+    )
+
     ckpt = checkpoint_to_predict(args, world)
     files = images_to_predict(args, world)
     masks, overlays = prediction_paths(args, files, ""), prediction_paths(args, files, "overlays")
@@ -718,6 +705,7 @@ def save_prediction(mask_path, overlay_path, source, pred, colors):
     """``pred`` (H, W) class indices as a palette PNG, and beside ``source``'s image (8-bit RGB, as
     DALI decodes it) that image with the foreground classes drawn over it."""
     from data_processing import eight_bits  # a 16-bit PNG as DALI's decoder reads it
+    from predict import written
 
     mask = Image.fromarray(pred.cpu().numpy())
     mask.putpalette([value for color in colors for value in color])  # "L" becomes "P"
@@ -747,6 +735,7 @@ def locate_data(args, world):
         raise UsageError(no_data_folder(args.data))
     if args.data != "demo" and (not local or os.path.isdir(os.path.join(args.data, "csv_file"))):
         return args.data
+    flags.require(f"--data {args.data}", "data_processing")
     from data_processing import prepare  # needed only to build or convert a PNG set
 
     root = DEMO_DIR if args.data == "demo" else args.data
@@ -762,6 +751,8 @@ def build_loaders(args, world, root, ckpt, log):
     """The pipelines (shard RANK of WORLD_SIZE, on GPU LOCAL_RANK or the CPU) over the prepared
     ``root``, their iterators, and what the run knows of its data (training.RunData); checks the
     masks' values."""
+    if ckpt:  # a checkpoint's run: main imported resume.py for it
+        import resume
     dali_state, first_epoch = resume.pipeline_state(ckpt, args, world) if ckpt else (None, 1)
     splits = {split: read_split(root, split) for split in ("train", "valid")}
     (train_imgs, train_lbls), (val_imgs, val_lbls) = splits["train"], splits["valid"]
