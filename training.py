@@ -523,20 +523,14 @@ class RunLog:
         if self.keep and os.path.exists(metrics):
             trim_log(metrics, self.keep)
         for name in os.listdir(self.dir):  # the lock says no other run saves here
-            if ".pth.tmp-" in name or name.endswith(".partial"):
+            if ".pth.tmp-" in name or name.endswith(".partial"):  # ".pth.tmp-": older versions'
                 os.remove(os.path.join(self.dir, name))
 
     def write(self, record):
-        if self.dir:
+        if self.dir:  # a full disk: run_main's line; a resume drops the torn record
             path = os.path.join(self.dir, "metrics.jsonl")
-            try:
-                with open(path, "a") as f:
-                    f.write(json.dumps(record) + "\n")
-            except OSError as e:  # a full disk: a resume drops the torn record
-                raise UsageError(
-                    f"{path}: could not append to the run's log ({e.strerror}); free space and run "
-                    f"the same command again (--resume continues from the last checkpoint)"
-                ) from None
+            with naming(path), open(path, "a") as f:
+                f.write(json.dumps(record) + "\n")
         if self.writer and "global_step" in record:
             self.write_scalars(record)
 
@@ -689,18 +683,15 @@ def lock_run_dir(out):
     the folder changes here but the lock."""
     if os.path.exists(out) and not os.path.isdir(out):
         raise UsageError(f"--output-dir {out}: is a file, not a folder")
-    try:
-        os.makedirs(out, exist_ok=True)
-        lock = os.open(os.path.join(out, ".lock"), os.O_WRONLY | os.O_CREAT, 0o644)
-        # Held while the process lives: the OS releases it however the process ends.
+    os.makedirs(out, exist_ok=True)  # a folder that cannot be made: run_main's line names it
+    lock = os.open(os.path.join(out, ".lock"), os.O_WRONLY | os.O_CREAT, 0o644)
+    try:  # held while the process lives: the OS releases it however the process ends
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         raise UsageError(
             f"--output-dir {out}: another run is writing to it ({os.path.join(out, '.lock')} is "
             f"locked); wait for it or pick another --output-dir"
         ) from None
-    except OSError as e:
-        raise UsageError(f"--output-dir {out}: cannot write there ({e.strerror})") from None
 
 
 def previous_run_log(out, args, world):
@@ -730,22 +721,16 @@ def trim_log(metrics, keep):
     a kill while it was being appended (or an empty line, or one that is not a record) goes too:
     no resume should trip on it. A byte that is not UTF-8 is read as U+FFFD and written back as it
     was. A symbolic link stays one: the file it points to is rewritten."""
-    try:
-        with open(metrics, "rb") as f:
-            lines = f.read().splitlines()
-    except OSError as e:
-        raise UsageError(f"{metrics}: cannot read the run's log ({e.strerror})") from None
+    with open(metrics, "rb") as f:
+        lines = f.read().splitlines()
     kept = []
     for line in lines:
         record = parsed_record(line.decode("utf-8", errors="replace"))
         if record and keep(record):
             kept.append(line + b"\n")
     path = os.path.realpath(metrics) if os.path.islink(metrics) else metrics  # a link stays one
-    try:
-        with atomic_open(path, "wb") as f:
-            f.writelines(kept)
-    except OSError as e:  # a full disk
-        raise UsageError(f"{metrics}: could not rewrite it ({e.strerror}); it is kept") from None
+    with naming(metrics), atomic_open(path, "wb") as f:  # a full disk: run_main's line
+        f.writelines(kept)
 
 
 # ------------------------------------------------------------------------------------------
@@ -891,24 +876,21 @@ def pipeline_seed(args, world, first_epoch=1):
 
 
 def write_checkpoint(ckpt, path):
-    """A temporary file, then a rename: the previous file stays whole if saving fails or is
-    killed."""
-    tmp = f"{path}.tmp-{os.getpid()}"
+    """Written whole or not at all (atomic_open): the previous file stays if saving fails or is
+    killed, and a full disk ends the run in run_main's line naming ``path``."""
+    with naming(path), atomic_open(path) as f:
+        torch.save(ckpt, f)
+
+
+@contextlib.contextmanager
+def naming(path):
+    """An OSError within names ``path`` where the OS named no file (a failed write names none), so
+    that run_main's line says which file the run could not write."""
     try:
-        torch.save(ckpt, tmp)
-        os.replace(tmp, path)
-    except (OSError, RuntimeError) as e:  # torch reports a full disk as a RuntimeError
-        could_not_save(path, tmp, e)
-
-
-def could_not_save(path, tmp, e):
-    """write_checkpoint's failure: its temporary file removed, one line naming the checkpoint."""
-    if os.path.exists(tmp):
-        os.remove(tmp)
-    why = e.strerror if isinstance(e, OSError) and e.strerror else str(e).strip().splitlines()[-1]
-    raise UsageError(
-        f"{path}: could not save the checkpoint ({why}); the previous one is kept"
-    ) from None
+        yield
+    except OSError as e:
+        e.filename = e.filename or path
+        raise
 
 
 class RunComplete(Exception):
@@ -1195,9 +1177,9 @@ class StopSignals:
 
 def run_main(main, args):
     """``main(args)``, ended as a training script ends: a run already complete as one line and
-    exit status 0, a ``UsageError`` or ``DataError`` as one ``error:`` line and exit status 2,
-    Ctrl-C as one line and 130, anything else as its traceback and 1; a run folder of a start
-    that failed before training removed; the process group destroyed."""
+    exit status 0, a ``UsageError``, ``DataError`` or ``OSError`` naming a file as one ``error:``
+    line and exit status 2, Ctrl-C as one line and 130, anything else as its traceback and 1; a run
+    folder of a start that failed before training removed; the process group destroyed."""
     try:
         main(args)
     except RunComplete as e:  # every process finds it so: no collective is waiting
@@ -1216,6 +1198,12 @@ def end_failed_run(e):
         shutil.rmtree(folder, ignore_errors=True)
     if isinstance(e, (UsageError, DataError)):
         status, text = 2, f"error: {e}"
+    elif isinstance(e, OSError) and e.filename:  # a file the run could not write or make
+        status = 2  # checkpoints and logs are written whole (atomic_open) or appended: none is lost
+        text = (
+            f"error: {e.filename}: {e.strerror}; free space (or fix permissions) and run the same "
+            f"command again (--resume continues from the last checkpoint)"
+        )
     elif isinstance(e, KeyboardInterrupt):
         status, text = 130, "interrupted: nothing saved since the last checkpoint"
     else:
