@@ -90,11 +90,7 @@ def setup(args, gpu_compile_mode="default"):
     if args.device == "cuda" and not torch.cuda.is_available():
         raise UsageError("--device cuda: no CUDA device is visible; use --device cpu")
     cuda = args.device != "cpu" and torch.cuda.is_available()
-    if args.use_deterministic_algorithms:
-        # torchvision's switch; cuBLAS is deterministic with a fixed workspace, set before its
-        # first use
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-        torch.use_deterministic_algorithms(True)
+    torch.use_deterministic_algorithms(args.use_deterministic_algorithms)  # torchvision's switch
     world = torchrun_world()
     if cuda:
         world.device = use_gpu(args, world.local_rank)
@@ -126,6 +122,8 @@ def use_gpu(args, local_rank):
         )
     device = torch.device("cuda", local_rank)
     torch.cuda.set_device(device)
+    if args.use_deterministic_algorithms:  # cuBLAS is, with a fixed workspace set before its use
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     # fixed input sizes: cuDNN picks its fastest kernels once (they may differ run to run)
     torch.backends.cudnn.benchmark = not args.use_deterministic_algorithms
     # float32 matmuls on TF32 tensor cores, as cuDNN's convolutions are by default: a float32 run
@@ -301,12 +299,11 @@ def prepare_model(model, args, world, steps_per_epoch, log):
         model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)  # batch statistics of all GPUs
     memory_format = torch.channels_last if args.channels_last else torch.preserve_format
     model = model.to(world.device, memory_format=memory_format)
-    model_without_ddp, model_ema = model, None  # the plain model's forward needs no collective
+    model_without_ddp = model  # the plain model's forward needs no collective
     if world.distributed:
         device_ids = [world.local_rank] if world.device.type == "cuda" else None
         model = torch.nn.parallel.DistributedDataParallel(model, device_ids=device_ids)
-    if args.model_ema:
-        model_ema = make_model_ema(model_without_ddp, args, world)
+    model_ema = make_model_ema(model_without_ddp, args, world) if args.model_ema else None
     if world.cpu_threads:
         log(world.cpu_threads)
     lr, lr_from = learning_rate(args, args.batch_size * world.size)
@@ -369,13 +366,10 @@ def learning_rate(args, global_batch):
     lr, how = args.lr_base * global_batch / args.lr_base_size, f"x {ratio}"
     if scale == "sqrt":
         lr, how = args.lr_base * math.sqrt(global_batch / args.lr_base_size), f"x sqrt({ratio})"
-    if "lr_base" in args.given:
-        whose = ""
-    elif getattr(args, "demo", False):
-        whose = ", --data demo's; --lr sets the rate itself"
-    else:
-        whose = ", the default; --lr sets the rate itself"
-    return lr, f"--lr-base {args.lr_base:g} {how}{whose}"
+    if "lr_base" not in args.given:
+        whose = "--data demo's" if getattr(args, "demo", False) else "the default"
+        how += f", {whose}; --lr sets the rate itself"
+    return lr, f"--lr-base {args.lr_base:g} {how}"
 
 
 def load_weights(model, args):
@@ -594,19 +588,16 @@ def peak_memory(world):
 def open_run(args, world, runs_dir):
     """The run's log, in its folder: --output-dir, --resume's folder, or a new ``runs_dir``/expN,
     made and locked by the main process (none when only evaluating without --output-dir)."""
-    out, log = None, None
-    if world.main and (args.output_dir or not args.evaluate):
-        out = args.output_dir or (
-            os.path.dirname(os.path.abspath(args.resume)) if args.resume else None
-        )
-        if out is None:
-            out = new_run_dir(runs_dir)
-        elif not os.path.exists(out):
-            _unstarted.append(out)
-        lock_run_dir(out)
-        if out not in _unstarted:  # a folder that was there: what it holds decides
-            log = previous_run_log(out, args, world)
-    return log or RunLog(out, world, args.tensorboard)
+    if not world.main or (args.evaluate and not args.output_dir):
+        return RunLog(None, world, args.tensorboard)
+    resumed = os.path.dirname(os.path.abspath(args.resume)) if args.resume else None
+    out = args.output_dir or resumed or new_run_dir(runs_dir)
+    if not os.path.exists(out):
+        _unstarted.append(out)
+    lock_run_dir(out)
+    if out in _unstarted:
+        return RunLog(out, world, args.tensorboard)
+    return previous_run_log(out, args, world)  # a folder that was there: what it holds decides
 
 
 def new_run_dir(runs_dir):
