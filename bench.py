@@ -1097,11 +1097,11 @@ def lines_to_first_step(cmd):
     for line in proc.stdout:
         phases.append((round(time.perf_counter() - start, 2), line.rstrip()))
         log(f"  {phases[-1][0]:7.2f} s  {line.rstrip()}")
-        if line.startswith("Epoch: [1/"):
+        if line.startswith("train: epoch 1 "):
             break
     proc.kill()
     proc.wait()
-    if not phases or not phases[-1][1].startswith("Epoch: [1/"):
+    if not phases or not phases[-1][1].startswith("train: epoch 1 "):
         sys.exit(
             f"error: train_classify.py ended before its first step: {phases[-1][1] if phases else ''}"
         )

@@ -165,7 +165,7 @@ def assert_one_writer(tmp_path, nodes, task, *written):
     with open(run / "metrics.jsonl") as f:
         types = [r["type"] for r in map(json.loads, f)]
     assert types.count("start") == types.count("epoch") == types.count("end") == 1, types
-    assert sum(node.stdout.count("done in") for node in nodes) == 1
+    assert sum(node.stdout.count("\nend: ") for node in nodes) == 1
 
 
 def make_classify_data(root):
@@ -261,7 +261,7 @@ def test_two_nodes_build_the_classification_demo_at_once(tmp_path):
         split: len(glob.glob(str(demo / split / "*" / "*.jpg"))) for split in ("train", "val")
     }
     assert counts == {"train": 720, "val": 180}
-    assert sum(node.stdout.count("720 train and 180 val samples") for node in nodes) == 1
+    assert sum(node.stdout.count("  train_samples 720  val_samples 180") for node in nodes) == 1
 
 
 def test_two_nodes_prepare_the_segmentation_demo_at_once(tmp_path):
@@ -291,7 +291,7 @@ def test_two_nodes_prepare_the_segmentation_demo_at_once(tmp_path):
     npys = glob.glob(str(demo / "npy" / "*" / "*" / "*.npy"))
     assert (len(pngs), len(npys)) == (320, 320)
     assert not [p for p in glob.glob(str(demo / "**" / ".*"), recursive=True) if "partial" in p]
-    assert sum(node.stdout.count("128 train and 32 val pairs") for node in nodes) == 1
+    assert sum(node.stdout.count("  train_samples 128  val_samples 32") for node in nodes) == 1
 
 
 # Nodes in containers (a PyTorchJob's pods) each number their processes from 1: two nodes' local

@@ -177,7 +177,7 @@ def test_training_from_s3_ends_with_the_weights_of_training_from_local_disk(sets
     local, url = sets["tfrecord"]
     proc = run("--data", url, *TINY, "--output-dir", str(tmp_path / "s3"))
     assert proc.stdout.splitlines()[0].endswith(
-        f"data {url}: tfrecord, 24 train and 24 val samples, 2 classes"
+        f"  data {url}  layout tfrecord  train_samples 24  val_samples 24  classes 2"
     )
     run("--data", local, *TINY, "--output-dir", str(tmp_path / "local"))
     (start,) = records(str(tmp_path / "s3"), "start")
@@ -233,9 +233,9 @@ def test_training_on_the_gpu_from_s3_logs_the_layout_and_keeps_the_cache_off(set
         lines[0]
         == "decoder cache off (auto): not for data in object storage, whose images it cannot sample"
     )
-    assert lines[1].endswith(f"data {url}: tfrecord, 24 train and 24 val samples, 2 classes"), (
-        lines[:3]
-    )
+    assert lines[1].endswith(
+        f"  data {url}  layout tfrecord  train_samples 24  val_samples 24  classes 2"
+    ), lines[:3]
     (decision,) = records(out, "decoder_cache")
     assert decision["mb"] is None and records(out, "config")[0]["args"]["dali_device"] == "gpu"
     (last,) = records(out, "epoch")

@@ -16,6 +16,7 @@ import torchvision
 from PIL import Image
 
 import train_segment
+import training
 from conftest import DELETE_AT_FIRST_SAVE
 from data_processing import make_csv_file_npy
 from train_segment import save_overlay
@@ -109,7 +110,7 @@ def test_a_mobilenet_model_trains_with_cuda_graphs_on_one_gpu(tmp_path, arch):
     flags = ["--data", "demo", "--arch", arch, "--size", "192"]
     proc = run(*flags, "--amp", "bf16", "--output-dir", out, env=os.environ)  # the demo's 6 epochs
     assert [r["mode"] for r in records(out, "compile")] == ["reduce-overhead"]
-    assert "the model compiled (reduce-overhead mode)" in proc.stdout + proc.stderr
+    assert "  mode reduce-overhead  " in proc.stdout  # the compile's line
     assert max(e["val_dice"] for e in records(out, "epoch")) > 30
     resume = ["--resume", os.path.join(out, "checkpoint.pth"), "--epochs", "7"]
     run(*flags, *resume, "--amp", "bf16", "--output-dir", out, env=os.environ)
@@ -187,11 +188,11 @@ def test_lr_is_the_rate_itself_and_a_cpu_run_shares_the_cores(tmp_path):
     cores (training.share_cpu_threads, as train_classify.py's test checks in full)."""
     proc = tiny(prepared_root(str(tmp_path / "p")), "--lr", "0.5")
     assert proc.returncode == 0, proc.stderr
-    assert "steps per epoch, lr 0.5 (--lr 0.5), sgd" in proc.stdout
+    assert "config: lr 0.5  lr_from --lr 0.5  " in proc.stdout
     assert records(str(tmp_path / "p" / "out"), "config")[0]["lr"] == 0.5
     workers = min(8, os.cpu_count())
-    threads = [line for line in proc.stdout.splitlines() if line.startswith("CPU threads:")]
-    assert len(threads) == 1 and f" and DALI {workers} (-j) on " in threads[0], proc.stdout
+    threads = [line for line in proc.stdout.splitlines() if line.startswith("cpu_threads:")]
+    assert len(threads) == 1 and f"  dali {workers}  cores " in threads[0], proc.stdout
 
 
 def test_error_unknown_arch_before_any_run_folder(tmp_path):
@@ -212,8 +213,9 @@ def test_multiclass_reports_every_class(tmp_path):
     assert epoch["val_dice"] == pytest.approx((per_class["1"] + per_class["2"]) / 2)
     assert epoch["val_dice_bg"] == per_class["0"]
     assert (
-        f"val Dice {epoch['val_dice']:.3f} IoU {epoch['val_iou']:.3f} "
-        f"(bg Dice {per_class['0']:.3f} IoU {epoch['val_iou_per_class']['0']:.3f})" in proc.stdout
+        f"  val_dice {epoch['val_dice']:.5g}  val_iou {epoch['val_iou']:.5g}  "
+        f"val_dice_bg {per_class['0']:.5g}  val_iou_bg {epoch['val_iou_per_class']['0']:.5g}  "
+        in proc.stdout
     )
 
 
@@ -464,7 +466,7 @@ def test_pairs_by_position_with_int64_masks_and_grey_images(tmp_path):
         "--output-dir",
         out,
     )
-    assert "1-channel images" in proc.stdout
+    assert "  channels 1" in proc.stdout
     (epoch,) = records(out, "epoch")
     assert epoch["val_dice_per_class"].keys() == {"0", "1", "2"}
     ckpt = torch.load(os.path.join(out, "checkpoint.pth"), weights_only=True)
@@ -734,7 +736,7 @@ def test_metrics_at_each_masks_own_size_equal_a_numpy_reference(tmp_path, device
     from types import SimpleNamespace
 
     from pipelines import fetch_dali_loader, segment_iterator
-    from train_segment import batches_on_device, describe, evaluate
+    from train_segment import batches_on_device, evaluate
 
     rng = np.random.default_rng(3)
     imgs, lbls, masks = [], [], []
@@ -764,8 +766,9 @@ def test_metrics_at_each_masks_own_size_equal_a_numpy_reference(tmp_path, device
     assert metrics["val_dice"] == pytest.approx(dice[1:].mean())  # the foreground classes'
     assert metrics["val_iou"] == pytest.approx(iou[1:].mean())
     assert (metrics["val_dice_bg"], metrics["val_iou_bg"]) == (0, 0)  # class 0 never predicted
-    assert describe(metrics) == (
-        f"Dice {dice[1:].mean():.3f} IoU {iou[1:].mean():.3f} (bg Dice 0.000 IoU 0.000)"
+    assert training.render({"type": "eval", **metrics}) == (
+        f"eval: val_dice {dice[1:].mean():.5g}  val_iou {iou[1:].mean():.5g}  val_dice_bg 0  "
+        f"val_iou_bg 0"
     )
 
 

@@ -365,21 +365,15 @@ def evaluate(model, batches, args, device):
 
 
 def validate(state, data, args, world, step_log):
-    """(the epoch's validation record, its log line) for the model and its EMA."""
+    """The epoch's validation record, of the model and its EMA."""
     model, model_ema = state["model"], state["model_ema"]
     batches = step_log.stoppable(val_batches(data, world))
     metrics = evaluate(model, batches, args, world.device)
-    record, line = metrics, describe(metrics)
     if model_ema is not None:
         batches = step_log.stoppable(val_batches(data, world))
         ema_metrics = evaluate(model_ema, batches, args, world.device)
-        record = {**record, **{f"ema_{k}": v for k, v in ema_metrics.items()}}
-        line += f"  EMA {describe(ema_metrics)}"
-    return record, line
-
-
-def describe(metrics):
-    return f"Acc@1 {metrics['val_top1']:.3f} Acc@5 {metrics['val_top5']:.3f}"
+        metrics.update({f"ema_{k}": v for k, v in ema_metrics.items()})
+    return metrics
 
 
 def main(args):
@@ -436,13 +430,13 @@ def main(args):
         first_step, loss_sum = 0, 0.0
         if world.distributed:
             training.sync_buffers(state["model"], state["model_ema"])
-        metrics, line = validate(state, data, args, world, step_log)
+        metrics = validate(state, data, args, world, step_log)
         if crop:
             metrics["train_crop_size"] = crop
         if data.watched:  # an s3:// object replaced under the run: stop before the epoch is saved
             check_unchanged(data.watched)
         path = checkpoints.save(epoch, data.steps, score=metrics["val_top1"])
-        log.epoch_end(epoch, data.steps, train_loss, metrics, line, time.perf_counter() - begun)
+        log.epoch_end(epoch, data.steps, train_loss, metrics, time.perf_counter() - begun)
         if signum := stop.agree()[0]:  # a signal during the epoch's last validation batches
             stop.exit(signum, path, epoch, data.steps)
     log.close("val_top1", checkpoints.best)
@@ -453,10 +447,7 @@ def score(state, data, args, world, log):
     ema = state["model_ema"]
     scored = ema if ema is not None else state["model"]
     metrics = evaluate(scored, val_batches(data, world), args, world.device)
-    log(
-        {"type": "eval", **metrics, "ema": ema is not None},
-        f"Test{' (EMA)' if ema is not None else ''}: {describe(metrics)}",
-    )
+    log({"type": "eval", **metrics, "ema": ema is not None})
 
 
 # ------------------------------------------------------------------------------------------
@@ -719,33 +710,25 @@ def log_unfinished_ramp(args, log):
 
 
 def log_data(args, log, train_pipe, val_pipe, classes):
-    """The run's first data line: layout and counts, and how many classes val lacks."""
+    """The run's first record: its folder, the data's layout and counts (--ra-sampler's too); its
+    line says how many classes val lacks."""
+    ra = train_pipe.read.ra
+    record = {
+        "type": "start",
+        "output_dir": log.dir,
+        "data": args.data,
+        "layout": train_pipe.layout,
+        "train_samples": train_pipe.num_samples,
+        "val_samples": val_pipe.num_samples,
+        "classes": train_pipe.num_classes,
+    }
+    if ra:
+        record.update(ra_reps=ra.reps, ra_samples=ra.selected, steps_per_epoch=ra.steps)
     val_dir = os.path.join(args.data, "val")
     in_val = {os.path.relpath(f, val_dir).split(os.sep)[0] for f in val_pipe.files}
     missing = len(set(classes) - in_val) if val_pipe.layout == "folder" else 0
-    where = f"run folder {log.dir}; " if log.dir else ""
-    lacking = f" ({missing} of them have no val samples)" if missing else ""
-    ra, repeated = train_pipe.read.ra, {}
-    if ra:
-        repeated = {"ra_reps": ra.reps, "ra_samples": ra.selected, "steps_per_epoch": ra.steps}
-        lacking += (
-            f"; --ra-sampler: {ra.selected} samples ({ra.reps} copies of each) in {ra.steps} "
-            f"steps per process and epoch"
-        )
-    log(
-        {
-            "type": "start",
-            "output_dir": log.dir,
-            "data": args.data,
-            "layout": train_pipe.layout,
-            "train_samples": train_pipe.num_samples,
-            "val_samples": val_pipe.num_samples,
-            "classes": train_pipe.num_classes,
-            **repeated,
-        },
-        f"{where}data {args.data}: {train_pipe.layout}, {train_pipe.num_samples} train and "
-        f"{val_pipe.num_samples} val samples, {train_pipe.num_classes} classes{lacking}",
-    )
+    lacking = f"  ({missing} of the classes have no val samples)" if missing else ""
+    log(record, training.render(record) + lacking)
 
 
 if __name__ == "__main__":

@@ -490,26 +490,16 @@ def scores(confusion, num_classes):
 
 
 def validate(state, data, args, world, step_log):
-    """(the epoch's validation record, its log line, the first batch for the overlay) for the
-    model and its EMA."""
+    """(the epoch's validation record, of the model and its EMA; the first batch, for the
+    overlay)."""
     model, model_ema = state["model"], state["model_ema"]
     batches = step_log.stoppable(val_batches(data, world))
     metrics, first = evaluate(model, batches, args, world.device)
-    record, line = metrics, describe(metrics)
     if model_ema is not None:
         batches = step_log.stoppable(val_batches(data, world))
         ema_metrics, _ = evaluate(model_ema, batches, args, world.device)
-        record = {**record, **{f"ema_{k}": v for k, v in ema_metrics.items()}}
-        line += f"  EMA {describe(ema_metrics)}"
-    return record, line, first
-
-
-def describe(metrics):
-    """The foreground classes' mean, then the background's."""
-    return (
-        f"Dice {metrics['val_dice']:.3f} IoU {metrics['val_iou']:.3f} "
-        f"(bg Dice {metrics['val_dice_bg']:.3f} IoU {metrics['val_iou_bg']:.3f})"
-    )
+        metrics.update({f"ema_{k}": v for k, v in ema_metrics.items()})
+    return metrics, first
 
 
 def main(args):
@@ -557,7 +547,7 @@ def main(args):
         first_step, loss_sum = 0, 0.0
         if world.distributed:
             training.sync_buffers(state["model"], state["model_ema"])
-        metrics, line, first = validate(state, data, args, world, step_log)
+        metrics, first = validate(state, data, args, world, step_log)
         if data.watched:  # an s3:// object replaced under the run: stop before the epoch is saved
             check_unchanged(data.watched)
         path = checkpoints.save(epoch, data.steps, score=metrics["val_dice"])
@@ -565,7 +555,7 @@ def main(args):
             save_overlay(
                 os.path.join(log.dir, f"val_epoch{epoch:03d}.png"), *first, args.num_classes
             )
-        log.epoch_end(epoch, data.steps, train_loss, metrics, line, time.perf_counter() - begun)
+        log.epoch_end(epoch, data.steps, train_loss, metrics, time.perf_counter() - begun)
         if signum := stop.agree()[0]:  # a signal during the epoch's last validation batches
             stop.exit(signum, path, epoch, data.steps)
     log.close("val_dice", checkpoints.best)
@@ -576,10 +566,7 @@ def score(state, data, args, world, log):
     ema = state["model_ema"]
     scored = ema if ema is not None else state["model"]
     metrics, _ = evaluate(scored, val_batches(data, world), args, world.device)
-    log(
-        {"type": "eval", **metrics, "ema": ema is not None},
-        f"Test{' (EMA)' if ema is not None else ''}: {describe(metrics)}",
-    )
+    log({"type": "eval", **metrics, "ema": ema is not None})
 
 
 def save_overlay(path, images, masks, preds, num_classes):
@@ -827,7 +814,6 @@ def train_loader(args, world, dali_states, first_epoch, root):
 
 
 def log_data(args, log, root, train_pipe, num_samples, val_samples):
-    where = f"run folder {log.dir}; " if log.dir else ""
     log(
         {
             "type": "start",
@@ -836,9 +822,7 @@ def log_data(args, log, root, train_pipe, num_samples, val_samples):
             "train_samples": num_samples,
             "val_samples": val_samples,
             "channels": train_pipe.channels,
-        },
-        f"{where}data {root}: {num_samples} train and {val_samples} val pairs, "
-        f"{train_pipe.channels}-channel images",
+        }
     )
 
 

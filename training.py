@@ -23,6 +23,7 @@ import hashlib
 import json
 import math
 import os
+import resource
 import shutil
 import signal
 import sys
@@ -62,7 +63,7 @@ class World:
     size: int = 1
     distributed: bool = False
     device: torch.device = torch.device("cpu")
-    cpu_threads: tuple = None  # a CPU run's split of the cores (share_cpu_threads), for its log
+    cpu_threads: dict = None  # a CPU run's split of the cores (share_cpu_threads), for its log
 
     @property
     def main(self):
@@ -89,11 +90,7 @@ def setup(args, gpu_compile_mode="default"):
     if args.device == "cuda" and not torch.cuda.is_available():
         raise UsageError("--device cuda: no CUDA device is visible; use --device cpu")
     cuda = args.device != "cpu" and torch.cuda.is_available()
-    if args.use_deterministic_algorithms:
-        # torchvision's switch; cuBLAS is deterministic with a fixed workspace, set before its
-        # first use
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-        torch.use_deterministic_algorithms(True)
+    torch.use_deterministic_algorithms(args.use_deterministic_algorithms)  # torchvision's switch
     world = torchrun_world()
     if cuda:
         world.device = use_gpu(args, world.local_rank)
@@ -125,6 +122,8 @@ def use_gpu(args, local_rank):
         )
     device = torch.device("cuda", local_rank)
     torch.cuda.set_device(device)
+    if args.use_deterministic_algorithms:  # cuBLAS is, with a fixed workspace set before its use
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     # fixed input sizes: cuDNN picks its fastest kernels once (they may differ run to run)
     torch.backends.cudnn.benchmark = not args.use_deterministic_algorithms
     # float32 matmuls on TF32 tensor cores, as cuDNN's convolutions are by default: a float32 run
@@ -159,20 +158,12 @@ def join_process_group(world):
 def share_cpu_threads(args):
     """A CPU-only run: torch's threads and DALI's -j share the cores this process may use; torch
     would take one thread per core beside DALI's, and threads that wait for each other's cores slow
-    both. An OMP_NUM_THREADS the user (or torchrun) set stays torch's. Returns the split's record
-    and line, for the run's log."""
+    both. An OMP_NUM_THREADS the user (or torchrun) set stays torch's. Returns the split's record,
+    for the run's log."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    omp = os.environ.get("OMP_NUM_THREADS")
-    if omp is None:
+    if "OMP_NUM_THREADS" not in os.environ:
         torch.set_num_threads(max(1, (cores or 1) - args.workers))
-        why = "the cores less DALI's; OMP_NUM_THREADS sets torch's"
-    else:
-        why = f"OMP_NUM_THREADS={omp}"
-    threads = torch.get_num_threads()
-    return (
-        {"type": "cpu_threads", "torch": threads, "dali": args.workers, "cores": cores},
-        f"CPU threads: torch {threads} and DALI {args.workers} (-j) on {cores} cores ({why})",
-    )
+    return dict(type="cpu_threads", torch=torch.get_num_threads(), dali=args.workers, cores=cores)
 
 
 def refuse_tasks_without_torchrun():
@@ -308,14 +299,13 @@ def prepare_model(model, args, world, steps_per_epoch, log):
         model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)  # batch statistics of all GPUs
     memory_format = torch.channels_last if args.channels_last else torch.preserve_format
     model = model.to(world.device, memory_format=memory_format)
-    model_without_ddp, model_ema = model, None  # the plain model's forward needs no collective
+    model_without_ddp = model  # the plain model's forward needs no collective
     if world.distributed:
         device_ids = [world.local_rank] if world.device.type == "cuda" else None
         model = torch.nn.parallel.DistributedDataParallel(model, device_ids=device_ids)
-    if args.model_ema:
-        model_ema = make_model_ema(model_without_ddp, args, world)
+    model_ema = make_model_ema(model_without_ddp, args, world) if args.model_ema else None
     if world.cpu_threads:
-        log(*world.cpu_threads)
+        log(world.cpu_threads)
     lr, lr_from = learning_rate(args, args.batch_size * world.size)
     if args.lr_scheduler == "cosine" and args.lr_min > lr:
         raise UsageError(
@@ -326,19 +316,19 @@ def prepare_model(model, args, world, steps_per_epoch, log):
     # fp16 gradients underflow without loss scaling; bf16 has fp32's range and needs none.
     scaler = torch.amp.GradScaler(world.device.type, enabled=args.amp == "fp16")
     compiled = args.compile and not args.evaluate  # --evaluate scores the plain model
-    how = f"compiled ({args.compile_mode} mode)" if compiled else "not compiled"
     log(
         {
             "type": "config",
             "lr": lr,
-            "compiled": compiled,
+            "lr_from": lr_from,
             "world_size": world.size,
+            "batch_size": args.batch_size,
+            "steps_per_epoch": steps_per_epoch,
+            "device": str(world.device),
+            "dali_device": args.dali_device,
+            "compiled": compiled,
             "args": vars(args),
-        },
-        f"{args.arch}: world size {world.size}, batch {args.batch_size} per process, global batch "
-        f"{args.batch_size * world.size}, {steps_per_epoch} steps per epoch, lr {lr:.6g} "
-        f"({lr_from}), {args.opt}, {args.lr_scheduler} schedule, model on {world.device}, DALI on "
-        f"{args.dali_device}, the model {how}",
+        }
     )
     state = {
         "model": model_without_ddp,
@@ -347,7 +337,6 @@ def prepare_model(model, args, world, steps_per_epoch, log):
         "scheduler": make_scheduler(optimizer, args, steps_per_epoch),
         "scaler": scaler,
     }
-    log.memory("at start-up")  # the loaders' buffers and the model on its device
     if compiled:  # the plain model stays what is saved and validated
         model = torch.compile(model, mode=args.compile_mode)
     return model, state
@@ -377,13 +366,10 @@ def learning_rate(args, global_batch):
     lr, how = args.lr_base * global_batch / args.lr_base_size, f"x {ratio}"
     if scale == "sqrt":
         lr, how = args.lr_base * math.sqrt(global_batch / args.lr_base_size), f"x sqrt({ratio})"
-    if "lr_base" in args.given:
-        whose = ""
-    elif getattr(args, "demo", False):
-        whose = ", --data demo's; --lr sets the rate itself"
-    else:
-        whose = ", the default; --lr sets the rate itself"
-    return lr, f"--lr-base {args.lr_base:g} {how}{whose}"
+    if "lr_base" not in args.given:
+        whose = "--data demo's" if getattr(args, "demo", False) else "the default"
+        how += f", {whose}; --lr sets the rate itself"
+    return lr, f"--lr-base {args.lr_base:g} {how}"
 
 
 def load_weights(model, args):
@@ -478,11 +464,12 @@ _unstarted = []
 
 
 class RunLog:
-    """A run's log: ``log(record, line)`` prints the line and appends the record, with its "time"
-    (seconds since the Unix epoch), to the run folder's metrics.jsonl, and with --tensorboard its
-    numbers to TensorBoard. Only the main process writes. ``dir`` is the run folder, or None.
-    Until ``begin`` the records wait in memory and the folder stays as it was: a start that a
-    later check refuses (a resume with another batch size, say) loses nothing there."""
+    """A run's log: ``log(record)`` prints the record as a line (render; ``line``, a note's own
+    words, instead) and appends it, with its "time" (seconds since the Unix epoch), to the run
+    folder's metrics.jsonl, and with --tensorboard its numbers to TensorBoard. Only the main process
+    writes. ``dir`` is the run folder, or None. Until ``begin`` the records wait in memory and the
+    folder stays as it was: a start that a later check refuses (a resume with another batch size,
+    say) loses nothing there."""
 
     def __init__(self, run_dir, world, tensorboard, keep=None, continuing=False, previous=False):
         self.dir, self.main, self.started = run_dir, world.main, time.time()
@@ -493,10 +480,10 @@ class RunLog:
         self.continuing = continuing  # the folder is the run's that --resume continues
         self.previous = previous  # the folder was there before this run (previous_run_log)
 
-    def __call__(self, record, line):
+    def __call__(self, record, line=None):
         if not self.main:
             return
-        print(line, flush=True)
+        print(line or render(record), flush=True)
         record = {**record, "time": time.time()}
         if self.held is None:
             self.write(record)
@@ -523,20 +510,14 @@ class RunLog:
         if self.keep and os.path.exists(metrics):
             trim_log(metrics, self.keep)
         for name in os.listdir(self.dir):  # the lock says no other run saves here
-            if ".pth.tmp-" in name or name.endswith(".partial"):
+            if ".pth.tmp-" in name or name.endswith(".partial"):  # ".pth.tmp-": older versions'
                 os.remove(os.path.join(self.dir, name))
 
     def write(self, record):
-        if self.dir:
+        if self.dir:  # a full disk: run_main's line; a resume drops the torn record
             path = os.path.join(self.dir, "metrics.jsonl")
-            try:
-                with open(path, "a") as f:
-                    f.write(json.dumps(record) + "\n")
-            except OSError as e:  # a full disk: a resume drops the torn record
-                raise UsageError(
-                    f"{path}: could not append to the run's log ({e.strerror}); free space and run "
-                    f"the same command again (--resume continues from the last checkpoint)"
-                ) from None
+            with naming(path), open(path, "a") as f:
+                f.write(json.dumps(record) + "\n")
         if self.writer and "global_step" in record:
             self.write_scalars(record)
 
@@ -553,61 +534,50 @@ class RunLog:
         if self.dir in _unstarted:
             _unstarted.remove(self.dir)
 
-    def epoch_end(self, epoch, steps, train_loss, metrics, line, took):
-        """The epoch's line and record: its validation ``metrics`` (``line`` says them), its train
-        loss and time, and each process's memory. Every process calls it: the memory is gathered."""
-        memory = every_process_memory(self.world)
+    def epoch_end(self, epoch, steps, train_loss, metrics, took):
+        """The epoch's record and line: its validation ``metrics``, its train loss and time, and
+        each process's peak memory (its line the largest, in GB). Every process calls it: the
+        memory is gathered."""
+        memory = peak_memory(self.world)
         record = {"type": "epoch", "epoch": epoch, "train_loss": train_loss, **metrics}
         record.update(epoch_time=took, step=steps, global_step=epoch * steps, memory=memory)
-        self(
-            record,
-            f"Epoch {epoch}: val {line}  train loss {train_loss:.4f}  time {took:.1f}s  "
-            f"memory {describe_memory(memory)}",
-        )
-
-    def memory(self, when):
-        """Each process's memory, ``when`` (at start-up, say). Every process calls it: the memory
-        is gathered."""
-        memory = every_process_memory(self.world)
-        self({"type": "memory", "memory": memory}, f"memory {when}: {describe_memory(memory)}")
+        if self.main:
+            most = {
+                k: f"{max(m[k] for m in memory) / 1e9:.1f} GB" for k in memory[0] if k != "rank"
+            }
+            self(record, render({**record, **most}))
 
     def close(self, best_name, best):
-        """The run's last line: its best score, where its checkpoints are, its time."""
+        """The run's last line: its best score, its time, where its checkpoints are."""
         took = datetime.timedelta(seconds=round(time.time() - self.started))
-        where = f"checkpoints in {self.dir}" if self.dir else "no run folder"
-        self(
-            {"type": "end", best_name: best},
-            f"done in {took}: best {best_name} {best:.3f}, {where}",
+        record = {"type": "end", best_name: best}
+        self(record, render({**record, "took": took, "output_dir": self.dir}))
+
+
+def render(record):
+    """A record as its console line: its type, then each field as `name value`, floats to 5
+    significant digits; lists and dicts (the run's flags, per-class scores, each process's memory)
+    only in metrics.jsonl."""
+    fields = (
+        f"{k} {v:.5g}" if isinstance(v, float) else f"{k} {v}"
+        for k, v in record.items()
+        if k != "type" and not isinstance(v, (list, dict))
+    )
+    return f"{record['type']}: " + "  ".join(fields)
+
+
+def peak_memory(world):
+    """Each process's peak memory in bytes, in rank order, on the main process (the others get
+    None): the most host memory (RSS) it has held; on CUDA also the most torch has reserved, and
+    what the device has in use by any process or library (DALI's too). Under torchrun a gather:
+    every process calls it at the same point, once an epoch."""
+    kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # the peak RSS; Linux counts in kB
+    mine = {"rank": world.rank, "host_rss_peak": kb * 1024}
+    if world.device.type == "cuda":
+        free, total = torch.cuda.mem_get_info(world.device)
+        mine.update(
+            gpu_reserved_peak=torch.cuda.max_memory_reserved(world.device), gpu_used=total - free
         )
-
-
-def memory_use(device):
-    """This process's memory in bytes, None where it is not known: its host memory in use (RSS)
-    and the most it has held, from Linux's /proc/self/status; on CUDA, the most torch has reserved
-    and what the device has in use, by any process or library (DALI's memory too)."""
-    host = {}
-    with contextlib.suppress(OSError):
-        with open("/proc/self/status") as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                if key in ("VmRSS", "VmHWM"):
-                    host[key] = int(value.split()[0]) * 1024  # in kB
-    gpu_reserved_peak = gpu_used = None
-    if device.type == "cuda":
-        free, total = torch.cuda.mem_get_info(device)
-        gpu_reserved_peak, gpu_used = torch.cuda.max_memory_reserved(device), total - free
-    return {
-        "host_rss": host.get("VmRSS"),
-        "host_rss_peak": host.get("VmHWM"),
-        "gpu_reserved_peak": gpu_reserved_peak,
-        "gpu_used": gpu_used,
-    }
-
-
-def every_process_memory(world):
-    """Each process's memory_use with its rank, in rank order, on the main process (the others get
-    None). A gather: every process calls it at the same point, and rarely (once an epoch)."""
-    mine = {"rank": world.rank, **memory_use(world.device)}
     if not dist.is_initialized():
         return [mine]
     memory = [None] * world.size if world.main else None
@@ -615,41 +585,19 @@ def every_process_memory(world):
     return memory
 
 
-def describe_memory(memory):
-    """The log line's figures, in GB (10^9 bytes): each the largest over the processes, what a node
-    is planned by; metrics.jsonl has every process's, to the byte."""
-    if memory is None:  # a process other than the main one: it writes no line
-        return ""
-
-    def most(key):
-        known = [m[key] for m in memory if m[key] is not None]
-        return f"{max(known) / 1e9:.1f} GB" if known else "unknown"
-
-    line = f"host {most('host_rss')} (peak {most('host_rss_peak')})"
-    if any(m["gpu_used"] is not None for m in memory):
-        line += (
-            f", GPU {most('gpu_reserved_peak')} (torch's peak reserve), {most('gpu_used')} in use "
-            f"on the device"
-        )
-    return line if len(memory) == 1 else f"{line} (the largest of {len(memory)} processes)"
-
-
 def open_run(args, world, runs_dir):
     """The run's log, in its folder: --output-dir, --resume's folder, or a new ``runs_dir``/expN,
     made and locked by the main process (none when only evaluating without --output-dir)."""
-    out, log = None, None
-    if world.main and (args.output_dir or not args.evaluate):
-        out = args.output_dir or (
-            os.path.dirname(os.path.abspath(args.resume)) if args.resume else None
-        )
-        if out is None:
-            out = new_run_dir(runs_dir)
-        elif not os.path.exists(out):
-            _unstarted.append(out)
-        lock_run_dir(out)
-        if out not in _unstarted:  # a folder that was there: what it holds decides
-            log = previous_run_log(out, args, world)
-    return log or RunLog(out, world, args.tensorboard)
+    if not world.main or (args.evaluate and not args.output_dir):
+        return RunLog(None, world, args.tensorboard)
+    resumed = os.path.dirname(os.path.abspath(args.resume)) if args.resume else None
+    out = args.output_dir or resumed or new_run_dir(runs_dir)
+    if not os.path.exists(out):
+        _unstarted.append(out)
+    lock_run_dir(out)
+    if out in _unstarted:
+        return RunLog(out, world, args.tensorboard)
+    return previous_run_log(out, args, world)  # a folder that was there: what it holds decides
 
 
 def new_run_dir(runs_dir):
@@ -689,18 +637,15 @@ def lock_run_dir(out):
     the folder changes here but the lock."""
     if os.path.exists(out) and not os.path.isdir(out):
         raise UsageError(f"--output-dir {out}: is a file, not a folder")
-    try:
-        os.makedirs(out, exist_ok=True)
-        lock = os.open(os.path.join(out, ".lock"), os.O_WRONLY | os.O_CREAT, 0o644)
-        # Held while the process lives: the OS releases it however the process ends.
+    os.makedirs(out, exist_ok=True)  # a folder that cannot be made: run_main's line names it
+    lock = os.open(os.path.join(out, ".lock"), os.O_WRONLY | os.O_CREAT, 0o644)
+    try:  # held while the process lives: the OS releases it however the process ends
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         raise UsageError(
             f"--output-dir {out}: another run is writing to it ({os.path.join(out, '.lock')} is "
             f"locked); wait for it or pick another --output-dir"
         ) from None
-    except OSError as e:
-        raise UsageError(f"--output-dir {out}: cannot write there ({e.strerror})") from None
 
 
 def previous_run_log(out, args, world):
@@ -730,22 +675,16 @@ def trim_log(metrics, keep):
     a kill while it was being appended (or an empty line, or one that is not a record) goes too:
     no resume should trip on it. A byte that is not UTF-8 is read as U+FFFD and written back as it
     was. A symbolic link stays one: the file it points to is rewritten."""
-    try:
-        with open(metrics, "rb") as f:
-            lines = f.read().splitlines()
-    except OSError as e:
-        raise UsageError(f"{metrics}: cannot read the run's log ({e.strerror})") from None
+    with open(metrics, "rb") as f:
+        lines = f.read().splitlines()
     kept = []
     for line in lines:
         record = parsed_record(line.decode("utf-8", errors="replace"))
         if record and keep(record):
             kept.append(line + b"\n")
     path = os.path.realpath(metrics) if os.path.islink(metrics) else metrics  # a link stays one
-    try:
-        with atomic_open(path, "wb") as f:
-            f.writelines(kept)
-    except OSError as e:  # a full disk
-        raise UsageError(f"{metrics}: could not rewrite it ({e.strerror}); it is kept") from None
+    with naming(metrics), atomic_open(path, "wb") as f:  # a full disk: run_main's line
+        f.writelines(kept)
 
 
 # ------------------------------------------------------------------------------------------
@@ -824,10 +763,7 @@ class Checkpoints:
 
     def log_saved(self, epoch, step, global_step):
         """The line of a checkpoint within an epoch (--checkpoint-every, a stop signal)."""
-        self.run(
-            {"type": "checkpoint", "epoch": epoch, "step": step, "global_step": global_step},
-            f"saved checkpoint.pth at epoch {epoch} step {step}",
-        )
+        self.run({"type": "checkpoint", "epoch": epoch, "step": step, "global_step": global_step})
 
     def contents(self, epoch, step, states):
         dali, rng, loss_sums = (list(s) for s in zip(*states))
@@ -891,24 +827,21 @@ def pipeline_seed(args, world, first_epoch=1):
 
 
 def write_checkpoint(ckpt, path):
-    """A temporary file, then a rename: the previous file stays whole if saving fails or is
-    killed."""
-    tmp = f"{path}.tmp-{os.getpid()}"
+    """Written whole or not at all (atomic_open): the previous file stays if saving fails or is
+    killed, and a full disk ends the run in run_main's line naming ``path``."""
+    with naming(path), atomic_open(path) as f:
+        torch.save(ckpt, f)
+
+
+@contextlib.contextmanager
+def naming(path):
+    """An OSError within names ``path`` where the OS named no file (a failed write names none), so
+    that run_main's line says which file the run could not write."""
     try:
-        torch.save(ckpt, tmp)
-        os.replace(tmp, path)
-    except (OSError, RuntimeError) as e:  # torch reports a full disk as a RuntimeError
-        could_not_save(path, tmp, e)
-
-
-def could_not_save(path, tmp, e):
-    """write_checkpoint's failure: its temporary file removed, one line naming the checkpoint."""
-    if os.path.exists(tmp):
-        os.remove(tmp)
-    why = e.strerror if isinstance(e, OSError) and e.strerror else str(e).strip().splitlines()[-1]
-    raise UsageError(
-        f"{path}: could not save the checkpoint ({why}); the previous one is kept"
-    ) from None
+        yield
+    except OSError as e:
+        e.filename = e.filename or path
+        raise
 
 
 class RunComplete(Exception):
@@ -1024,7 +957,7 @@ class StepLog:
 
     def log_compile(self, step):
         """A compiled model compiles in its first step: its seconds are logged as a phase of their
-        own and left out of the line's img/s."""
+        own and left out of the lines' img/s and ETA."""
         if self.world.device.type == "cuda":
             torch.cuda.synchronize(self.world.device)  # once: the step's kernels have run
         seconds = time.perf_counter() - self.step_start
@@ -1037,9 +970,7 @@ class StepLog:
                 "epoch": epoch,
                 "step": step,
                 "global_step": global_step,
-            },
-            f"torch.compile ({self.args.compile_mode} mode): the first step took {seconds:.1f}s "
-            f"with the compile; the img/s and ETA leave it out",
+            }
         )
         # the window's rate starts after it; its loss keeps the step
         self.window_start, self.window_images = time.perf_counter(), 0
@@ -1058,8 +989,7 @@ class StepLog:
 
     def write_line(self, step):
         # a sync point: the window's CUDA events have happened
-        window_loss = self.window_loss.item()
-        totals = [window_loss, self.window_images, self.wait.seconds()]
+        totals = [self.window_loss.item(), self.window_images, self.wait.seconds()]
         loss_total, images_total, wait_total = all_reduce_sum(totals, self.world.device)
         check_finite(math.isfinite(loss_total), self.epoch_no, int(self.first_bad) or step, "loss")
         now = time.perf_counter()
@@ -1076,18 +1006,11 @@ class StepLog:
             "img_s": images_total / elapsed if images_total else None,  # None: the compile alone
             "data_wait": 100 * wait_total / (elapsed * size),
         }
-        crop = ""
         if self.crop_size is not None:
-            record["train_crop_size"], crop = self.crop_size, f"  crop {self.crop_size}"
+            record["train_crop_size"] = self.crop_size
         left = (steps - step) + (self.args.epochs - epoch) * steps  # the whole run's steps to go
         eta = datetime.timedelta(seconds=round((now - self.clock) / max(1, self.done - 1) * left))
-        rate = f"{record['img_s']:.1f}" if images_total else "-"
-        self.log(
-            record,
-            f"Epoch: [{epoch}/{self.args.epochs}] [{step:>{len(str(steps))}}/{steps}]{crop}  "
-            f"loss {record['loss']:.4f}  lr {record['lr']:.5f}  img/s {rate}  "
-            f"data-wait {record['data_wait']:.1f}%  eta {eta}",
-        )
+        self.log(record, f"{render(record)}  eta {eta}")
         self.new_window()
 
     def new_window(self):
@@ -1195,9 +1118,9 @@ class StopSignals:
 
 def run_main(main, args):
     """``main(args)``, ended as a training script ends: a run already complete as one line and
-    exit status 0, a ``UsageError`` or ``DataError`` as one ``error:`` line and exit status 2,
-    Ctrl-C as one line and 130, anything else as its traceback and 1; a run folder of a start
-    that failed before training removed; the process group destroyed."""
+    exit status 0, a ``UsageError``, ``DataError`` or ``OSError`` naming a file as one ``error:``
+    line and exit status 2, Ctrl-C as one line and 130, anything else as its traceback and 1; a run
+    folder of a start that failed before training removed; the process group destroyed."""
     try:
         main(args)
     except RunComplete as e:  # every process finds it so: no collective is waiting
@@ -1216,6 +1139,12 @@ def end_failed_run(e):
         shutil.rmtree(folder, ignore_errors=True)
     if isinstance(e, (UsageError, DataError)):
         status, text = 2, f"error: {e}"
+    elif isinstance(e, OSError) and e.filename:  # a file the run could not write or make
+        status = 2  # checkpoints and logs are written whole (atomic_open) or appended: none is lost
+        text = (
+            f"error: {e.filename}: {e.strerror}; free space (or fix permissions) and run the same "
+            f"command again (--resume continues from the last checkpoint)"
+        )
     elif isinstance(e, KeyboardInterrupt):
         status, text = 130, "interrupted: nothing saved since the last checkpoint"
     else:
