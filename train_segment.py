@@ -227,6 +227,7 @@ import resume
 import training
 from data_sources import (
     DataError,
+    check_finite_pixels,
     check_segmentation_files,
     check_unchanged,
     data_digest,
@@ -761,10 +762,11 @@ def locate_data(args, world):
 def build_loaders(args, world, root, ckpt, log):
     """The pipelines (shard RANK of WORLD_SIZE, on GPU LOCAL_RANK or the CPU) over the prepared
     ``root``, their iterators, and what the run knows of its data (training.RunData); checks the
-    masks' values."""
+    files first, and the masks' values."""
     dali_state, first_epoch = resume.pipeline_state(ckpt, args, world) if ckpt else (None, 1)
     splits = {split: read_split(root, split) for split in ("train", "valid")}
     (train_imgs, train_lbls), (val_imgs, val_lbls) = splits["train"], splits["valid"]
+    check_files(args, world, splits)
     if args.ignore_index is not None:
         check_ignore_index(args, root, train_imgs, train_lbls)
     train_pipe = train_pipeline(args, world, dali_state, first_epoch, train_imgs, train_lbls)
@@ -849,6 +851,15 @@ def log_data(args, log, root, train_pipe, num_samples, val_samples):
         f"{where}data {root}: {num_samples} train and {val_samples} val pairs, "
         f"{train_pipe.channels}-channel images",
     )
+
+
+def check_files(args, world, splits):
+    """Each split's files as DALI must find them, from their headers (check_segmentation_files),
+    and this process's share of float images free of NaN and infinity: DALI reads them unchecked."""
+    for imgs, lbls in splits.values():
+        (_, image_dtype), _ = check_segmentation_files(imgs, lbls)
+        if image_dtype.kind == "f":
+            check_finite_pixels(imgs[world.rank :: world.size], args.workers)
 
 
 def check_mask_values(args, world, root, splits):
