@@ -656,55 +656,45 @@ def padded_indexes(indexes, layout, extra):
     return paths
 
 
-def find_classes(data_dir):
-    """Class names sorted exactly as torchvision's ImageFolder sorts them, and their indices."""
-    if not isdir(data_dir):
-        raise DataError(
-            f"{data_dir}: no such directory (expected an ImageFolder tree: <dir>/<class>/<image>)"
-        )
-    classes = sorted(name for name, is_dir in entries(data_dir) if is_dir)
-    if not classes:
-        raise DataError(f"{data_dir}: no class folders in it (expected <dir>/<class>/<image>)")
-    return classes, {c: i for i, c in enumerate(classes)}
-
-
 def list_image_folder(data_dir, classes=None):
-    """(files, labels, classes) of an ImageFolder tree, in torchvision's order.
+    """(files, labels, classes) of an ImageFolder tree, checked, in torchvision's order: its class
+    folders sorted as its ImageFolder sorts them, each folder's images labelled by the folder's
+    index (as pipelines.ImageFolderReader lists a tree it reads unchecked).
 
     ``classes`` (the training split's class names) numbers the labels by that list instead of by
     this tree's own folders: a validation split that lacks some classes keeps train's indices, and a
     folder that is not in the list is an error.
     """
-    found, class_to_idx = find_classes(data_dir)
-    if classes is not None:
-        class_to_idx = {c: i for i, c in enumerate(classes)}
-        for c in found:
-            if c not in class_to_idx:
-                raise DataError(
-                    f"{os.path.join(data_dir, c)}: class {c!r} is not one of the {len(classes)} "
-                    f"training classes"
-                )
+    if not isdir(data_dir):
+        raise DataError(
+            f"{data_dir}: no such directory (expected an ImageFolder tree: <dir>/<class>/<image>)"
+        )
+    found = sorted(name for name, is_dir in entries(data_dir) if is_dir)
+    if not found:
+        raise DataError(f"{data_dir}: no class folders in it (expected <dir>/<class>/<image>)")
+    index = {c: i for i, c in enumerate(found if classes is None else classes)}
+    if unknown := [c for c in found if c not in index]:
+        raise DataError(
+            f"{os.path.join(data_dir, unknown[0])}: class {unknown[0]!r} is not one of the "
+            f"{len(classes)} training classes"
+        )
     files, labels, real = [], [], {}
     for c in found:
         folder = os.path.join(data_dir, c)
-        if (
-            not remote(folder)
-            and (twin := real.setdefault(os.path.realpath(folder), folder)) != folder
-        ):
+        twin = folder if remote(folder) else real.setdefault(os.path.realpath(folder), folder)
+        if twin != folder:
             raise DataError(
                 f"{folder}: the same folder as {twin} (a symlink), so its images would train "
                 "under two labels; remove the link"
             )
-        class_files = [
-            f for f in walk(os.path.join(data_dir, c)) if f.lower().endswith(IMG_EXTENSIONS)
-        ]
+        class_files = [f for f in walk(folder) if f.lower().endswith(IMG_EXTENSIONS)]
         if not class_files:
             raise DataError(
-                f"{os.path.join(data_dir, c)}: no images in this class folder "
-                f"(expected files ending in {', '.join(IMG_EXTENSIONS)})"
+                f"{folder}: no images in this class folder (expected files ending in "
+                f"{', '.join(IMG_EXTENSIONS)})"
             )
         files += class_files
-        labels += [class_to_idx[c]] * len(class_files)
+        labels += [index[c]] * len(class_files)
     return files, labels, found if classes is None else list(classes)
 
 
@@ -1397,39 +1387,32 @@ def npy_header(path):
 
 
 def read_split(prepared_root, split):
-    """(images, masks): absolute ``.npy`` paths of ``prepared_root/csv_file/<split>.csv``."""
+    """(images, masks): absolute ``.npy`` paths of ``prepared_root/csv_file/<split>.csv``, each
+    there."""
     path = os.path.join(prepared_root, "csv_file", f"{split}.csv")
+    columns = ",".join(CSV_HEADER)
     try:
         reader = csv.reader(io.StringIO(read_bytes(path).decode("utf-8"), newline=""))
     except (FileNotFoundError, IsADirectoryError):
         raise DataError(
             f"{path}: no such file (expected a split written by make_csv_file_npy)"
         ) from None
+    if (header := next(reader, None)) != CSV_HEADER:
+        raise DataError(f"{path}: header is {header}, expected {columns}")
     imgs, lbls = [], []
-    header = next(reader, None)
-    if header != CSV_HEADER:
-        raise DataError(f"{path}: header is {header}, expected {','.join(CSV_HEADER)}")
     for row in reader:
         if len(row) != 3:
             raise DataError(
-                f"{path} line {reader.line_num}: expected 3 columns ({','.join(CSV_HEADER)}), got "
-                f"{row}"
+                f"{path} line {reader.line_num}: expected 3 columns ({columns}), got {row}"
             )
-        image, mask = (
-            os.path.join(prepared_root, rel)
-            if remote(prepared_root)
-            else os.path.abspath(os.path.join(prepared_root, rel))
-            for rel in row[1:]
-        )
-        for file in (image, mask):
-            if not isfile(file):
-                raise DataError(f"{path} row index {row[0]}: {file}: no such file")
+        pair = [os.path.join(prepared_root, rel) for rel in row[1:]]
+        image, mask = pair if remote(prepared_root) else map(os.path.abspath, pair)
+        if missing := next((file for file in (image, mask) if not isfile(file)), None):
+            raise DataError(f"{path} row index {row[0]}: {missing}: no such file")
         imgs.append(image)
         lbls.append(mask)
     if not imgs:
-        raise DataError(
-            f"{path}: no rows after its header (expected {','.join(CSV_HEADER)} rows, one per pair)"
-        )
+        raise DataError(f"{path}: no rows after its header (expected {columns} rows, one per pair)")
     return imgs, lbls
 
 

@@ -580,7 +580,6 @@ def pipeline_settings(args, world, cache, first_epoch=1):
 
 def make_train_pipeline(args, world, dali_state=None, cache=None, first_epoch=1):
     """The training pipeline of make_pipelines."""
-    common = pipeline_settings(args, world, cache, first_epoch)
 
     # Checkpointing the train pipeline (reader position, random states) costs nothing until asked.
     # With --progressive-resize it asks each epoch's crop size by the epoch's index, 0 for its
@@ -599,7 +598,7 @@ def make_train_pipeline(args, world, dali_state=None, cache=None, first_epoch=1)
         ra_seed=args.seed + first_epoch - 1,  # one order for every process, each epoch its own
         enable_checkpointing=True,
         checkpoint=dali_state[world.rank] if dali_state else None,
-        **common,
+        **pipeline_settings(args, world, cache, first_epoch),
     )
 
 

@@ -816,7 +816,6 @@ def pipeline_settings(args, world, first_epoch=1):
 def train_pipeline(args, world, dali_state, first_epoch, imgs, lbls):
     """The training pipeline, restored from ``dali_state`` (each process's, or None), starting
     with ``first_epoch`` (see resume.pipeline_state)."""
-    common = pipeline_settings(args, world, first_epoch)
     return SegmentTrainPipeline(
         args.batch_size,
         imgs=imgs,
@@ -827,7 +826,7 @@ def train_pipeline(args, world, dali_state, first_epoch, imgs, lbls):
         scale_range=args.scale_range,
         # padding is left out of the loss where there is a class to ignore, else background
         mask_pad=0 if args.ignore_index is None else args.ignore_index,
-        **common,
+        **pipeline_settings(args, world, first_epoch),
     )
 
 
