@@ -401,37 +401,37 @@ def data_digest(root, files):
 class ClassifyReader:
     """The reader of a classification pipeline and its labels, its data checked: called in
     ``define_graph``, it gives the encoded images and their labels (int32 of shape (1,), less
-    ``read.label_offset``). ``read``: pipelines.ReadSettings; ``file_args``: ``stick_to_shard`` and
-    ``skip_cached_images`` of DALI's reader.
+    ``reading.label_offset``). ``reading``: pipelines.ReadSettings; ``file_args``:
+    ``stick_to_shard`` and ``skip_cached_images`` of DALI's reader.
 
-    ``data_dir`` is an ImageFolder tree (labelled by ``read.classes`` when given: train's names for
-    a val split), a ``read.file_list``'s root, or a folder of TFRecord files or WebDataset tars
-    (indexed on first use, see ``shard_index``). Every shard returns the same number of batches, as
-    DDP needs: a training reader (``shuffle``) repeats a few distinct samples of the set so that
-    every shard holds whole batches (see pipelines.repeats), a validation reader pads its last
-    batch, which the iterator drops. Stored labels outside [0, num_classes) raise ``DataError``.
-    ``read.ra_reps`` (an ImageFolder tree or a file list only) reads torchvision's repeated
-    augmentation instead (see ``RepeatedAugmentation``), its order drawn from ``read.ra_seed``, the
-    same on every shard.
+    ``data_dir`` is an ImageFolder tree (labelled by ``reading.classes`` when given: train's names
+    for a val split), a ``reading.file_list``'s root, or a folder of TFRecord files or WebDataset
+    tars (indexed on first use, see ``shard_index``). Every shard returns the same number of
+    batches, as DDP needs: a training reader (``shuffle``) repeats a few distinct samples of the set
+    so that every shard holds whole batches (see pipelines.repeats), a validation reader pads its
+    last batch, which the iterator drops. Stored labels outside [0, num_classes) raise
+    ``DataError``. ``reading.ra_reps`` (an ImageFolder tree or a file list only) reads torchvision's
+    repeated augmentation instead (see ``RepeatedAugmentation``), its order drawn from
+    ``reading.ra_seed``, the same on every shard.
     """
 
-    def __init__(self, data_dir, read, *, batch_size, shuffle, **file_args):
-        from pipelines import file_reader  # what reads a tree's files, checked here first
-
-        self.label_offset, self.data_dir, self.ra = read.label_offset, data_dir, None
-        self.layout = "folder" if read.file_list is not None else find_layout(data_dir)
+    def __init__(self, data_dir, reading, *, batch_size, shuffle, **file_args):
+        self.label_offset, self.data_dir, self.ra = reading.label_offset, data_dir, None
+        self.layout = "folder" if reading.file_list is not None else find_layout(data_dir)
         # what the iterator counts an epoch by: the reader's own shard, or the sampler's batches
         self.epoch = dict(reader_name="Reader")
-        if read.ra_reps:
-            ranges = self.ra_reader(data_dir, read, batch_size)
+        if reading.ra_reps:
+            ranges = self.ra_reader(data_dir, reading, batch_size)
         elif self.layout == "folder":
-            labels, ranges = self.list_folder(data_dir, read.file_list, read.classes)
-            self.reader = file_reader(self.files, labels, read, batch_size, shuffle, **file_args)
+            from pipelines import file_reader  # what reads a tree's files, checked here first
+
+            labels, ranges = self.list_folder(data_dir, reading.file_list, reading.classes)
+            self.reader = file_reader(self.files, labels, reading, batch_size, shuffle, **file_args)
             self.read_samples = self.reader
         else:
-            ranges = self.shard_reader(data_dir, read, batch_size, shuffle, file_args)
-        self.num_classes = read.num_classes
-        if read.num_classes is None and self.classes is not None:
+            ranges = self.shard_reader(data_dir, reading, batch_size, shuffle, file_args)
+        self.num_classes = reading.num_classes
+        if reading.num_classes is None and self.classes is not None:
             self.num_classes = len(self.classes)
         self.check_labels(ranges)
         self.to_int32 = ops.Cast(dtype=types.INT32)
@@ -463,7 +463,7 @@ class ClassifyReader:
         self.num_samples = len(self.files)
         return labels, ranges
 
-    def ra_reader(self, data_dir, read, batch_size):
+    def ra_reader(self, data_dir, reading, batch_size):
         """Repeated augmentation (RepeatedAugmentation) over an ImageFolder tree or a file list."""
         if self.layout != "folder":
             raise DataError(
@@ -471,10 +471,12 @@ class ClassifyReader:
                 f"{self.layout} shards (read one by one from a shuffle buffer); expected one of "
                 "those, or no --ra-sampler"
             )
-        labels, ranges = self.list_folder(data_dir, read.file_list, read.classes)
-        shard = dict(shard_id=read.shard_id, num_shards=read.num_shards, batch_size=batch_size)
+        labels, ranges = self.list_folder(data_dir, reading.file_list, reading.classes)
+        shard = dict(
+            shard_id=reading.shard_id, num_shards=reading.num_shards, batch_size=batch_size
+        )
         self.ra = RepeatedAugmentation(
-            self.files, labels, reps=read.ra_reps, seed=read.ra_seed, **shard
+            self.files, labels, reps=reading.ra_reps, seed=reading.ra_seed, **shard
         )
         self.epoch = dict(size=self.ra.steps * self.ra.batch_size)
         self.reader = ops.ExternalSource(
@@ -484,7 +486,7 @@ class ClassifyReader:
         self.read_samples = self.read_repeated
         return ranges
 
-    def shard_reader(self, data_dir, read, batch_size, shuffle, file_args):
+    def shard_reader(self, data_dir, reading, batch_size, shuffle, file_args):
         """DALI's TFRecord or WebDataset reader over the shards of ``data_dir``, indexed first;
         (shard, lowest, highest) stored label of each."""
         from pipelines import extra_samples  # the padding of a training set, as a tree's
@@ -496,10 +498,10 @@ class ClassifyReader:
         progress_lines = progress(indexed, len(self.files), f"{data_dir}: shards indexed")
         indexes, summaries = zip(*progress_lines)
         self.num_samples = sum(s["samples"] for s in summaries)
-        if shuffle and (n := extra_samples(self.num_samples, read.num_shards, batch_size)):
+        if shuffle and (n := extra_samples(self.num_samples, reading.num_shards, batch_size)):
             indexes = padded_indexes(indexes, self.layout, n)
         listed = read_classes_txt(data_dir)
-        classes = read.classes
+        classes = reading.classes
         if classes is not None and listed is not None and list(classes) != listed:
             raise DataError(
                 f"{os.path.join(data_dir, 'classes.txt')}: its {len(listed)} classes "
@@ -508,8 +510,8 @@ class ClassifyReader:
             )
         self.classes = list(classes) if classes is not None else listed
         args = dict(
-            shard_id=read.shard_id,
-            num_shards=read.num_shards,
+            shard_id=reading.shard_id,
+            num_shards=reading.num_shards,
             random_shuffle=shuffle,
             pad_last_batch=True,
             name="Reader",

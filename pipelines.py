@@ -29,8 +29,9 @@ process on an image file it cannot decode, and reads a mask of the wrong size wi
 trainers check them first with data_sources.py, which names the offending file: pass
 ``reader=data_sources.ClassifyReader`` to a classification pipeline, and call
 ``data_sources.check_segmentation_files(imgs, lbls)`` (and ``check_finite_pixels`` for float
-images) before ``fetch_dali_loader``. Other layouts (TFRecord files, WebDataset tars, DALI file lists,
-``s3://``, repeated augmentation) are data_sources.py's: it is imported where one is asked for.
+images) before ``fetch_dali_loader``. Other layouts (TFRecord files, WebDataset tars, DALI file
+lists, ``s3://``, repeated augmentation) are data_sources.py's: it is imported where one is asked
+for.
 """
 
 import dataclasses
@@ -145,17 +146,17 @@ class _ClassifyPipeline(Pipeline):
         output_layout="CHW",
         **kwargs,
     ):
-        read, decode = settings(ReadSettings, kwargs), settings(DecoderSettings, kwargs)
+        reading, decode = settings(ReadSettings, kwargs), settings(DecoderSettings, kwargs)
         # seed, prefetch_queue_depth and the rest are DALI's Pipeline's own
         super().__init__(batch_size, num_threads, device_id, **cpu_concurrency(device_id, kwargs))
         # Arguments are checked once the Pipeline exists: a half-built one cannot be cleaned up.
         positive_int("batch_size", batch_size)
         positive_int("crop_size", crop_size)
         self.place_decoder(device_id, decode)
-        reader = read.reader or default_reader(data_dir, read)
+        reader = reading.reader or default_reader(data_dir, reading)
         self.read = reader(
             data_dir,
-            read,
+            reading,
             batch_size=batch_size,
             shuffle=self.shuffle,
             stick_to_shard=self.cached,
@@ -163,7 +164,7 @@ class _ClassifyPipeline(Pipeline):
         )
         self.layout, self.files, self.classes = self.read.layout, self.read.files, self.read.classes
         self.num_classes, self.num_samples = self.read.num_classes, self.read.num_samples
-        self.num_shards = read.num_shards
+        self.num_shards = reading.num_shards
         self.output_layout = choice("output_layout", output_layout, {"CHW": "CHW", "HWC": "HWC"})
         self.dtype = choice("dtype", dtype, {"float32": types.FLOAT, "float16": types.FLOAT16})
 
@@ -463,12 +464,12 @@ def classify_iterator(pipe):
         )
 
 
-def default_reader(data_dir, read):
+def default_reader(data_dir, reading):
     """The reader class of a classification pipeline given none: ``ImageFolderReader`` for a local
     folder that holds folders, data_sources.ClassifyReader for anything else (shards, ``s3://``, a
     file list, repeated augmentation), imported only then."""
     local = data_dir is not None and os.path.isdir(data_dir)
-    if local and read.file_list is None and not read.ra_reps:
+    if local and reading.file_list is None and not reading.ra_reps:
         if any(entry.is_dir() for entry in os.scandir(data_dir)):
             return ImageFolderReader
     from data_sources import ClassifyReader
@@ -479,25 +480,23 @@ def default_reader(data_dir, read):
 class ImageFolderReader:
     """A local ImageFolder tree (``data_dir/<class>/<image>``) as a classification pipeline reads
     it, unchecked: torchvision's ImageFolder's files (names ending in ``IMG_EXTENSIONS``, symlinked
-    folders followed), in its order, labelled by its class indices (``read.classes``' where given),
-    read by DALI's file reader (``file_reader``). Called in ``define_graph``, it gives the encoded
-    images and their labels (int32 of shape (1,), less ``read.label_offset``).
+    folders followed), in its order, labelled by its class indices (those of ``reading.classes``
+    where given), read by DALI's file reader (``file_reader``). Called in ``define_graph``, it gives
+    the encoded images and their labels (int32 of shape (1,), less ``reading.label_offset``).
 
     data_sources.ClassifyReader reads a tree the same way once it has checked it: every class
     folder holds images, every image's first bytes are an image's, no symlink loops.
     """
 
-    layout, ra = (
-        "folder",
-        None,
-    )  # ra: repeated augmentation's sampler, data_sources.ClassifyReader's
+    layout = "folder"
+    ra = None  # no repeated augmentation's sampler: data_sources.ClassifyReader's
     epoch = dict(reader_name="Reader")  # the iterator counts an epoch by the reader's shard
 
-    def __init__(self, data_dir, read, *, batch_size, shuffle, **file_args):
-        self.data_dir, self.label_offset = data_dir, read.label_offset
+    def __init__(self, data_dir, reading, *, batch_size, shuffle, **file_args):
+        self.data_dir, self.label_offset = data_dir, reading.label_offset
         found = sorted(entry.name for entry in os.scandir(data_dir) if entry.is_dir())
-        self.classes = found if read.classes is None else list(read.classes)
-        self.num_classes = len(self.classes) if read.num_classes is None else read.num_classes
+        self.classes = found if reading.classes is None else list(reading.classes)
+        self.num_classes = len(self.classes) if reading.num_classes is None else reading.num_classes
         index = {name: k for k, name in enumerate(self.classes)}
         self.files, labels = [], []
         for name in found:
@@ -506,7 +505,7 @@ class ImageFolderReader:
                 self.files += [os.path.join(root, n) for n in kept]
                 labels += [index[name]] * len(kept)
         self.num_samples = len(self.files)
-        self.reader = file_reader(self.files, labels, read, batch_size, shuffle, **file_args)
+        self.reader = file_reader(self.files, labels, reading, batch_size, shuffle, **file_args)
         self.to_int32 = ops.Cast(dtype=types.INT32)
 
     def __call__(self):
@@ -514,17 +513,18 @@ class ImageFolderReader:
         return images, self.to_int32(labels - self.label_offset)
 
 
-def file_reader(files, labels, read, batch_size, shuffle, **file_args):
-    """DALI's file reader over image ``files`` and their ``labels``: shard ``read.shard_id`` of
-    ``read.num_shards``, each shard's last batch padded (the validation iterator drops the padding);
-    a training reader (``shuffle``) reads a few distinct samples twice (``repeats``) so that every
-    shard holds whole batches. ``file_args``: ``stick_to_shard``, ``skip_cached_images``."""
-    extra = extra_samples(len(files), read.num_shards, batch_size) if shuffle else 0
+def file_reader(files, labels, reading, batch_size, shuffle, **file_args):
+    """DALI's file reader over image ``files`` and their ``labels``: shard ``reading.shard_id`` of
+    ``reading.num_shards``, each shard's last batch padded (the validation iterator drops the
+    padding); a training reader (``shuffle``) reads a few distinct samples twice (``repeats``) so
+    that every shard holds whole batches. ``file_args``: ``stick_to_shard``,
+    ``skip_cached_images``."""
+    extra = extra_samples(len(files), reading.num_shards, batch_size) if shuffle else 0
     return ops.readers.File(
         files=files + repeats(files, extra),
         labels=labels + repeats(labels, extra),
-        shard_id=read.shard_id,
-        num_shards=read.num_shards,
+        shard_id=reading.shard_id,
+        num_shards=reading.num_shards,
         random_shuffle=shuffle,
         pad_last_batch=True,
         name="Reader",
@@ -575,13 +575,7 @@ class _SegmentImagePipeline(Pipeline):
             )
             self.to_chw = unchanged  # torch hands out CHW
         else:
-            resize = ops.Resize(
-                device=self.device,
-                interp_type=types.INTERP_LINEAR,
-                antialias=False,
-                roi_relative=True,
-            )
-            self.resize_image = functools.partial(flip_by_roi, resize, list(size))
+            self.resize_image = roi_resize(self.device, types.INTERP_LINEAR, size)
             self.to_chw = ops.Transpose(device=self.device, perm=[2, 0, 1], output_layout="CHW")
 
     def build_normalize(self, image, mean, std):
@@ -635,7 +629,7 @@ class SegmentValPipeline(_SegmentImagePipeline):
     The files are the caller's to check: images (H, W), (H, W, 1) or (H, W, 3) of uint8, uint16 or
     float32, masks (H, W) or (H, W, 1) of an integer type or bool, one kind each in a set (the first
     pair's headers stand for it), each mask of its image's size. data_sources.py's
-    ``check_segmentation_files`` checks so from the headers, ``check_finite`` float pixels.
+    ``check_segmentation_files`` checks so from the headers, ``check_finite_pixels`` float pixels.
     """
 
     shuffle = False
@@ -718,12 +712,8 @@ class SegmentValPipeline(_SegmentImagePipeline):
             self.mask_to_resize = ops.Cast(device=self.device, dtype=resized)
         if self.mask_type == types.INT32:
             self.mask_to_output = ops.Cast(device=self.device, dtype=types.INT32)
-        # The training pipeline flips by reading the region of interest backwards, and may give
-        # each sample a size of its own (flip_by_roi).
-        resize = ops.Resize(
-            device=self.device, interp_type=types.INTERP_NN, antialias=False, roi_relative=True
-        )
-        self.resize_mask = functools.partial(flip_by_roi, resize, list(size))
+        # Nearest neighbour: a mask keeps exactly its class values.
+        self.resize_mask = roi_resize(self.device, types.INTERP_NN, size)
         # own_size_masks: a batch of masks of several sizes, made one tensor that PyTorch can take
         self.pad_mask = ops.Pad(device=self.device, axes=[0, 1], fill_value=0)
 
@@ -763,7 +753,7 @@ class Augmentations:
     contrast_p: float = 0.13
     contrast: tuple = (0.9, 1.1)  # a factor, the result clamped to the image's own min and max
     scale_range: tuple = None  # torchvision's scale augmentation; None: off
-    mask_pad: int = 0  # where a scaled mask is smaller than ``size``
+    mask_pad: int = 0  # what pads a scaled mask where it came out smaller than ``size``
 
     def check(self):
         """A ValueError naming the first probability or range out of its bounds."""
@@ -951,8 +941,8 @@ class SegmentPredictPipeline(_SegmentImagePipeline):
         # a list of files, checked and each labelled by its position by data_sources.py's reader
         from data_sources import ClassifyReader
 
-        read = ReadSettings(file_list=list(files), shard_id=shard_id, num_shards=num_shards)
-        self.read = ClassifyReader(data_dir, read, batch_size=batch_size, shuffle=False)
+        reading = ReadSettings(file_list=list(files), shard_id=shard_id, num_shards=num_shards)
+        self.read = ClassifyReader(data_dir, reading, batch_size=batch_size, shuffle=False)
         self.files, self.layout = self.read.files, self.read.layout
         self.on_gpu, self.device = device_id is not None, "cpu" if device_id is None else "gpu"
         # EXIF orientation is not applied, as in the classification pipelines and PIL's reading.
@@ -1054,20 +1044,20 @@ def fetch_dali_loader(imgs, lbls, batch_size, mode, **kwargs):
         )
     pipeline = SEGMENT_PIPELINES[mode]
     used = PIPELINE_KEYS + (augmentations if pipeline is SegmentTrainPipeline else VAL_KEYS)
-    settings = {key: value for key, value in kwargs.items() if key in used}
-    settings.setdefault("num_threads", kwargs.get("num_workers", 4))
-    settings.setdefault("num_shards", env_int("WORLD_SIZE", kwargs.get("gpus", 1)))
-    settings.setdefault("shard_id", env_int("RANK", env_int("LOCAL_RANK", 0)))
-    if "device_id" not in settings:
-        settings["device_id"] = env_int("LOCAL_RANK", 0) if torch.cuda.is_available() else None
-    if not 0 <= settings["shard_id"] < settings["num_shards"]:
+    chosen = {key: value for key, value in kwargs.items() if key in used}
+    chosen.setdefault("num_threads", kwargs.get("num_workers", 4))
+    chosen.setdefault("num_shards", env_int("WORLD_SIZE", kwargs.get("gpus", 1)))
+    chosen.setdefault("shard_id", env_int("RANK", env_int("LOCAL_RANK", 0)))
+    if "device_id" not in chosen:
+        chosen["device_id"] = env_int("LOCAL_RANK", 0) if torch.cuda.is_available() else None
+    if not 0 <= chosen["shard_id"] < chosen["num_shards"]:
         raise ValueError(
-            f"shard_id {settings['shard_id']} is out of range for num_shards "
-            f"{settings['num_shards']} (from the arguments, else RANK or LOCAL_RANK, "
+            f"shard_id {chosen['shard_id']} is out of range for num_shards "
+            f"{chosen['num_shards']} (from the arguments, else RANK or LOCAL_RANK, "
             f"and WORLD_SIZE or gpus)"
         )
-    threads, device_id = settings.pop("num_threads"), settings.pop("device_id")
-    return pipeline(batch_size, threads, device_id, imgs, lbls, **settings)
+    threads, device_id = chosen.pop("num_threads"), chosen.pop("device_id")
+    return pipeline(batch_size, threads, device_id, imgs, lbls, **chosen)
 
 
 # ------------------------------------------------------------------------------------------
@@ -1279,6 +1269,14 @@ def antialiased_resize(device_id, num_threads, size):
         interp_type=types.INTERP_TRIANGULAR,
         antialias=True,
     )
+
+
+def roi_resize(device, interp_type, size):
+    """DALI's resize to ``size`` (height, width) with ``interp_type``, called through
+    ``flip_by_roi``: the training pipeline flips by reading the region of interest backwards, and
+    may give each sample a size of its own."""
+    resize = ops.Resize(device=device, interp_type=interp_type, antialias=False, roi_relative=True)
+    return functools.partial(flip_by_roi, resize, list(size))
 
 
 def flip_by_roi(resize, size, data, flips=None, sizes=None):
