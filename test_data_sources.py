@@ -617,6 +617,15 @@ def test_a_file_that_is_not_an_image_is_named_before_dali_decodes_it(texture_fol
         SegmentPredictPipeline(32, 1, None, str(texture_folder), [str(bad)])
 
 
+def test_a_long_header_check_says_so_in_one_line_first(solid_folder, monkeypatch, capsys):
+    files = sorted(str(f) for f in solid_folder.rglob("*.png"))  # 21 images
+    data_sources.check_image_heads(files, str(solid_folder))
+    assert capsys.readouterr() == ("", "")  # a check of fewer than LONG_CHECK images: no line
+    monkeypatch.setattr(data_sources, "LONG_CHECK", len(files))
+    data_sources.check_image_heads(files, str(solid_folder))
+    assert capsys.readouterr() == ("", f"{solid_folder}: checking 21 images' first bytes\n")
+
+
 def test_every_image_type_that_dali_decodes_passes_the_check(tmp_path):
     root = tmp_path / "kinds"
     rng = np.random.default_rng(0)
