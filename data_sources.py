@@ -24,6 +24,7 @@ import re
 import shutil
 import stat
 import struct
+import sys
 import tarfile
 import tempfile
 import threading
@@ -49,7 +50,7 @@ class DataError(ValueError):
 # host memory per pipeline.
 SHUFFLE_BUFFER = 4096
 # The extensions torchvision's ImageFolder accepts (case-insensitive), so that both loaders see the
-# same files.
+# same files; pipelines.py's IMG_EXTENSIONS, for the trees it reads unchecked, are the same.
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 # The first bytes of the image types that DALI's decoders read: those of IMG_EXTENSIONS, and JPEG
 # 2000, which DALI decodes whatever a file's name (WebP: "RIFF", a size, "WEBP"). DALI 2.4 can
@@ -70,6 +71,8 @@ IMAGE_HEAD = 16  # bytes that hold every signature above
 PARSED_HEADERS = (b"\xff\xd8\xff", b"\x89PNG\r\n\x1a\n")
 # Files whose first bytes are read at once: on a network file system each read waits for an answer.
 HEAD_THREADS = 16
+# A set of this many images takes a while to check, a file read each: a line says so first.
+LONG_CHECK = 100_000
 # TensorFlow's shard names (train-00000-of-01024) have no extension; other writers use .tfrecord.
 TFRECORD_NAME = re.compile(r"[^.].*-\d{5}-of-\d{5}|[^.].*\.tfrecords?")
 TFRECORD_FEATURES = {
@@ -396,73 +399,53 @@ def data_digest(root, files):
 
 
 class ClassifyReader:
-    """The reader of a classification pipeline and its labels: called in ``define_graph``, it gives
-    the encoded images and their labels (int32 of shape (1,), less ``label_offset``).
+    """The reader of a classification pipeline and its labels, its data checked: called in
+    ``define_graph``, it gives the encoded images and their labels (int32 of shape (1,), less
+    ``reading.label_offset``). ``reading``: pipelines.ReadSettings; ``file_args``:
+    ``stick_to_shard`` and ``skip_cached_images`` of DALI's reader.
 
-    ``data_dir`` is an ImageFolder tree (labelled by ``classes`` when given: train's names for a val
-    split), a ``file_list``'s root, or a folder of TFRecord files or WebDataset tars (indexed on
-    first use, see ``shard_index``). Every shard returns the same number of batches, as DDP needs: a
-    training reader (``shuffle``) repeats a few distinct samples of the set so that every shard
-    holds whole batches (see ``repeats``), a validation reader pads its last batch, which the
-    iterator drops. Stored labels outside [0, num_classes) raise ``DataError``. ``ra_reps`` (an
-    ImageFolder tree or a file list only) reads torchvision's repeated augmentation instead (see
-    ``RepeatedAugmentation``), its order drawn from ``ra_seed``, the same on every shard.
+    ``data_dir`` is an ImageFolder tree (labelled by ``reading.classes`` when given: train's names
+    for a val split), a ``reading.file_list``'s root, or a folder of TFRecord files or WebDataset
+    tars (indexed on first use, see ``shard_index``). Every shard returns the same number of
+    batches, as DDP needs: a training reader (``shuffle``) repeats a few distinct samples of the set
+    so that every shard holds whole batches (see pipelines.repeats), a validation reader pads its
+    last batch, which the iterator drops. Stored labels outside [0, num_classes) raise
+    ``DataError``. ``reading.ra_reps`` (an ImageFolder tree or a file list only) reads torchvision's
+    repeated augmentation instead (see ``RepeatedAugmentation``), its order drawn from
+    ``reading.ra_seed``, the same on every shard.
     """
 
-    def __init__(
-        self,
-        data_dir,
-        file_list,
-        *,
-        classes,
-        num_classes,
-        label_offset,
-        shard_id,
-        num_shards,
-        shuffle,
-        batch_size,
-        stick_to_shard=False,
-        skip_cached_images=False,
-        ra_reps=0,
-        ra_seed=0,
-    ):
-        self.label_offset, self.data_dir, self.ra = label_offset, data_dir, None
-        self.layout = "folder" if file_list is not None else find_layout(data_dir)
+    def __init__(self, data_dir, reading, *, batch_size, shuffle, **file_args):
+        self.label_offset, self.data_dir, self.ra = reading.label_offset, data_dir, None
+        self.layout = "folder" if reading.file_list is not None else find_layout(data_dir)
         # what the iterator counts an epoch by: the reader's own shard, or the sampler's batches
         self.epoch = dict(reader_name="Reader")
-        args = dict(
-            shard_id=shard_id,
-            num_shards=num_shards,
-            random_shuffle=shuffle,
-            pad_last_batch=True,
-            stick_to_shard=stick_to_shard,
-            skip_cached_images=skip_cached_images,
-            name="Reader",
-        )
-        # How many samples to repeat so that every shard holds whole batches (training only).
-        extra = functools.partial(
-            extra_samples, num_shards=num_shards, batch_size=batch_size, training=shuffle
-        )
-        if ra_reps:
-            sampler = dict(shard_id=shard_id, num_shards=num_shards, batch_size=batch_size)
-            ranges = self.ra_reader(
-                data_dir, file_list, classes, reps=ra_reps, seed=ra_seed, **sampler
-            )
+        if reading.ra_reps:
+            ranges = self.ra_reader(data_dir, reading, batch_size)
         elif self.layout == "folder":
-            ranges = self.folder_reader(data_dir, file_list, classes, extra, args)
+            from pipelines import file_reader  # what reads a tree's files, checked here first
+
+            labels, ranges = self.list_folder(data_dir, reading.file_list, reading.classes)
+            self.reader = file_reader(self.files, labels, reading, batch_size, shuffle, **file_args)
+            self.read_samples = self.reader
         else:
-            ranges = self.shard_reader(data_dir, classes, extra, args)
-        self.num_classes = num_classes
-        if num_classes is None and self.classes is not None:
+            ranges = self.shard_reader(data_dir, reading, batch_size, shuffle, file_args)
+        self.num_classes = reading.num_classes
+        if reading.num_classes is None and self.classes is not None:
             self.num_classes = len(self.classes)
+        self.check_labels(ranges)
+        self.to_int32 = ops.Cast(dtype=types.INT32)
+
+    def check_labels(self, ranges):
+        """A ``DataError`` where a stored label, less ``label_offset``, is outside
+        [0, num_classes): ``ranges`` holds (where, lowest, highest) of each file or shard."""
         for where, lowest, highest in ranges:
             for label in (lowest, highest):
-                if not 0 <= label - label_offset < (self.num_classes or math.inf):
+                if not 0 <= label - self.label_offset < (self.num_classes or math.inf):
                     raise DataError(
                         f"{where}: stored label {label} minus label_offset "
-                        f"{label_offset} is outside [0, {self.num_classes or 'inf'})"
+                        f"{self.label_offset} is outside [0, {self.num_classes or 'inf'})"
                     )
-        self.to_int32 = ops.Cast(dtype=types.INT32)
 
     def list_folder(self, data_dir, file_list, classes):
         """The files and labels of an ImageFolder tree or a file list, their heads checked; (where,
@@ -476,21 +459,11 @@ class ClassifyReader:
             if labels:
                 ranges = [(file_list, min(labels), max(labels))]
         if not remote(data_dir):  # in object storage, a request per file: DALI reads them unchecked
-            check_image_heads(self.files, f"{data_dir}: images checked")
+            check_image_heads(self.files, data_dir)
         self.num_samples = len(self.files)
         return labels, ranges
 
-    def folder_reader(self, data_dir, file_list, classes, extra, args):
-        """DALI's file reader over an ImageFolder tree or a file list; (where, lowest, highest)
-        stored label."""
-        labels, ranges = self.list_folder(data_dir, file_list, classes)
-        n = extra(self.num_samples)
-        files, labels = self.files + repeats(self.files, n), labels + repeats(labels, n)
-        self.reader = ops.readers.File(files=files, labels=labels, **args)
-        self.read_samples = self.reader
-        return ranges
-
-    def ra_reader(self, data_dir, file_list, classes, **sampler):
+    def ra_reader(self, data_dir, reading, batch_size):
         """Repeated augmentation (RepeatedAugmentation) over an ImageFolder tree or a file list."""
         if self.layout != "folder":
             raise DataError(
@@ -498,8 +471,13 @@ class ClassifyReader:
                 f"{self.layout} shards (read one by one from a shuffle buffer); expected one of "
                 "those, or no --ra-sampler"
             )
-        labels, ranges = self.list_folder(data_dir, file_list, classes)
-        self.ra = RepeatedAugmentation(self.files, labels, **sampler)
+        labels, ranges = self.list_folder(data_dir, reading.file_list, reading.classes)
+        shard = dict(
+            shard_id=reading.shard_id, num_shards=reading.num_shards, batch_size=batch_size
+        )
+        self.ra = RepeatedAugmentation(
+            self.files, labels, reps=reading.ra_reps, seed=reading.ra_seed, **shard
+        )
         self.epoch = dict(size=self.ra.steps * self.ra.batch_size)
         self.reader = ops.ExternalSource(
             source=self.ra.batch, num_outputs=2, batch=True, batch_info=True
@@ -508,9 +486,11 @@ class ClassifyReader:
         self.read_samples = self.read_repeated
         return ranges
 
-    def shard_reader(self, data_dir, classes, extra, args):
+    def shard_reader(self, data_dir, reading, batch_size, shuffle, file_args):
         """DALI's TFRecord or WebDataset reader over the shards of ``data_dir``, indexed first;
         (shard, lowest, highest) stored label of each."""
+        from pipelines import extra_samples  # the padding of a training set, as a tree's
+
         self.files = shard_files(data_dir, self.layout)
         check_manifest(data_dir, self.files)
         index = functools.partial(shard_index, layout=self.layout)
@@ -518,9 +498,10 @@ class ClassifyReader:
         progress_lines = progress(indexed, len(self.files), f"{data_dir}: shards indexed")
         indexes, summaries = zip(*progress_lines)
         self.num_samples = sum(s["samples"] for s in summaries)
-        if n := extra(self.num_samples):
+        if shuffle and (n := extra_samples(self.num_samples, reading.num_shards, batch_size)):
             indexes = padded_indexes(indexes, self.layout, n)
         listed = read_classes_txt(data_dir)
+        classes = reading.classes
         if classes is not None and listed is not None and list(classes) != listed:
             raise DataError(
                 f"{os.path.join(data_dir, 'classes.txt')}: its {len(listed)} classes "
@@ -528,12 +509,22 @@ class ClassifyReader:
                 f"order must match)"
             )
         self.classes = list(classes) if classes is not None else listed
-        if args["random_shuffle"]:
+        args = dict(
+            shard_id=reading.shard_id,
+            num_shards=reading.num_shards,
+            random_shuffle=shuffle,
+            pad_last_batch=True,
+            name="Reader",
+            **file_args,
+        )
+        if shuffle:
             # Samples from a SHUFFLE_BUFFER window; whole shards in a new order every epoch (the
             # same on every rank: the default shuffle_after_epoch_seed, not the per-rank seed),
             # unless each process keeps its shard (stick_to_shard, for the decoder cache), which
             # DALI's shard readers cannot do with shards reshuffled.
-            args.update(initial_fill=SHUFFLE_BUFFER, shuffle_after_epoch=not args["stick_to_shard"])
+            args.update(
+                initial_fill=SHUFFLE_BUFFER, shuffle_after_epoch=not args.get("stick_to_shard")
+            )
         if self.layout == "tfrecord":
             # DALI's TFRecord reader has no skip_cached_images: it reads every image's bytes, and
             # the decoder still finds the cached ones decoded.
@@ -643,27 +634,11 @@ def read_file_list(data_dir, file_list):
     return [os.path.join(data_dir, path) for path, _ in entries], [int(n) for _, n in entries]
 
 
-def extra_samples(n, num_shards, batch_size, training=True):
-    """How many samples a training set of ``n`` needs so that its ``num_shards`` equal shards hold
-    whole batches."""
-    return (
-        num_shards * batch_size * math.ceil(math.ceil(n / num_shards) / batch_size) - n
-        if training
-        else 0
-    )
-
-
-def repeats(items, extra):
-    """``extra`` of ``items``, spread evenly over them, each at most once while there are enough:
-    what training readers append to their set. DALI's shards then need no padding of their own,
-    which repeats a shard's last sample to fill its last batch; DistributedSampler, likewise, pads
-    with real samples of the set."""
-    return [items[k * len(items) // extra] for k in range(extra)]
-
-
 def padded_indexes(indexes, layout, extra):
     """Copies of DALI's index files of a set of shards with ``extra`` records repeated (see
-    ``repeats``), in a temporary folder of this process."""
+    pipelines.repeats), in a temporary folder of this process."""
+    from pipelines import repeats  # the samples every training reader repeats
+
     header = 1 if layout == "wds" else 0  # "v1.2 <samples>"
     lines = [read_bytes(index).decode().splitlines() for index in indexes]
     for k, line in repeats(
@@ -683,55 +658,45 @@ def padded_indexes(indexes, layout, extra):
     return paths
 
 
-def find_classes(data_dir):
-    """Class names sorted exactly as torchvision's ImageFolder sorts them, and their indices."""
-    if not isdir(data_dir):
-        raise DataError(
-            f"{data_dir}: no such directory (expected an ImageFolder tree: <dir>/<class>/<image>)"
-        )
-    classes = sorted(name for name, is_dir in entries(data_dir) if is_dir)
-    if not classes:
-        raise DataError(f"{data_dir}: no class folders in it (expected <dir>/<class>/<image>)")
-    return classes, {c: i for i, c in enumerate(classes)}
-
-
 def list_image_folder(data_dir, classes=None):
-    """(files, labels, classes) of an ImageFolder tree, in torchvision's order.
+    """(files, labels, classes) of an ImageFolder tree, checked, in torchvision's order: its class
+    folders sorted as its ImageFolder sorts them, each folder's images labelled by the folder's
+    index (as pipelines.ImageFolderReader lists a tree it reads unchecked).
 
     ``classes`` (the training split's class names) numbers the labels by that list instead of by
     this tree's own folders: a validation split that lacks some classes keeps train's indices, and a
     folder that is not in the list is an error.
     """
-    found, class_to_idx = find_classes(data_dir)
-    if classes is not None:
-        class_to_idx = {c: i for i, c in enumerate(classes)}
-        for c in found:
-            if c not in class_to_idx:
-                raise DataError(
-                    f"{os.path.join(data_dir, c)}: class {c!r} is not one of the {len(classes)} "
-                    f"training classes"
-                )
+    if not isdir(data_dir):
+        raise DataError(
+            f"{data_dir}: no such directory (expected an ImageFolder tree: <dir>/<class>/<image>)"
+        )
+    found = sorted(name for name, is_dir in entries(data_dir) if is_dir)
+    if not found:
+        raise DataError(f"{data_dir}: no class folders in it (expected <dir>/<class>/<image>)")
+    index = {c: i for i, c in enumerate(found if classes is None else classes)}
+    if unknown := [c for c in found if c not in index]:
+        raise DataError(
+            f"{os.path.join(data_dir, unknown[0])}: class {unknown[0]!r} is not one of the "
+            f"{len(classes)} training classes"
+        )
     files, labels, real = [], [], {}
     for c in found:
         folder = os.path.join(data_dir, c)
-        if (
-            not remote(folder)
-            and (twin := real.setdefault(os.path.realpath(folder), folder)) != folder
-        ):
+        twin = folder if remote(folder) else real.setdefault(os.path.realpath(folder), folder)
+        if twin != folder:
             raise DataError(
                 f"{folder}: the same folder as {twin} (a symlink), so its images would train "
                 "under two labels; remove the link"
             )
-        class_files = [
-            f for f in walk(os.path.join(data_dir, c)) if f.lower().endswith(IMG_EXTENSIONS)
-        ]
+        class_files = [f for f in walk(folder) if f.lower().endswith(IMG_EXTENSIONS)]
         if not class_files:
             raise DataError(
-                f"{os.path.join(data_dir, c)}: no images in this class folder "
-                f"(expected files ending in {', '.join(IMG_EXTENSIONS)})"
+                f"{folder}: no images in this class folder (expected files ending in "
+                f"{', '.join(IMG_EXTENSIONS)})"
             )
         files += class_files
-        labels += [class_to_idx[c]] * len(class_files)
+        labels += [index[c]] * len(class_files)
     return files, labels, found if classes is None else list(classes)
 
 
@@ -775,16 +740,19 @@ def _heads(paths):
     return [_head(path) for path in paths]
 
 
-def check_image_heads(files, what):
-    """A ``DataError`` naming the first of the local image ``files`` that does not start as an
-    image does (see IMAGE_MAGIC): a text file, a GIF or a PDF named .jpg; or a JPEG or PNG whose
-    header is broken (broken_header). Only the first bytes of each are read (a JPEG's or PNG's
-    header), a chunk of files per thread; ``what`` names the job in progress lines."""
+def check_image_heads(files, where):
+    """A ``DataError`` naming the first of the local image ``files`` (those of ``where``, a folder)
+    that does not start as an image does (see IMAGE_MAGIC): a text file, a GIF or a PDF named .jpg;
+    or a JPEG or PNG whose header is broken (broken_header). Only the first bytes of each are read
+    (a JPEG's or PNG's header), a chunk of files per thread; a set of ``LONG_CHECK`` files or more
+    says so first, in one line."""
+    if len(files) >= LONG_CHECK:
+        print(f"{where}: checking {len(files):,} images' first bytes", file=sys.stderr, flush=True)
     chunks = [files[k : k + 1024] for k in range(0, len(files), 1024)]
     with ThreadPoolExecutor(HEAD_THREADS) as pool, warnings.catch_warnings():
         warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # size is no fault here
         heads = itertools.chain.from_iterable(pool.map(_heads, chunks))
-        for path, head in zip(files, progress(heads, len(files), what)):
+        for path, head in zip(files, heads):
             if isinstance(head, str):
                 raise DataError(f"{path}: {head}")
             if not (head.startswith(IMAGE_MAGIC) or (head[:4], head[8:12]) == (b"RIFF", b"WEBP")):
@@ -1343,9 +1311,24 @@ def name_undecodable(pipe, error):
 
 # segmentation data: .npy headers and split CSVs ---------------------------------------------------
 
-# What a segmentation set may hold: images (H, W), (H, W, 1) or (H, W, 3) of these types; masks (H,
-# W) or (H, W, 1) of integer class indices (or bool).
+# What a segmentation set's .npy files may be: (what, the axes after (H, W), the dtypes, the words
+# for them). A set holds one kind of image and one of mask (DALI reads a batch of one kind).
 IMAGE_DTYPES = ("uint8", "uint16", "float32")
+MASK_DTYPES = ("bool", "uint8", "int8", "uint16", "int16", "uint32", "int32", "uint64", "int64")
+NPY_KINDS = (
+    (
+        "image",
+        ((), (1,), (3,)),
+        IMAGE_DTYPES,
+        f"an image of shape (H, W), (H, W, 1) or (H, W, 3) of {', '.join(IMAGE_DTYPES)}",
+    ),
+    (
+        "mask",
+        ((), (1,)),
+        MASK_DTYPES,
+        "a mask of shape (H, W) or (H, W, 1) of integer class indices",
+    ),
+)
 # Bytes read from the start of each .npy: numpy pads its headers to 128 bytes unless the shape is
 # long.
 NPY_PREFIX = 256
@@ -1371,7 +1354,7 @@ def _parse_npy_header(header):
     return shape, dtype
 
 
-def _npy_shape(path):
+def npy_header(path):
     """Shape and dtype from a .npy header, read without the array data; ``DataError`` when the file
     is missing, not a .npy array, or shorter than its header says (a truncated copy)."""
     try:
@@ -1406,48 +1389,44 @@ def _npy_shape(path):
 
 
 def read_split(prepared_root, split):
-    """(images, masks): absolute ``.npy`` paths of ``prepared_root/csv_file/<split>.csv``."""
+    """(images, masks): absolute ``.npy`` paths of ``prepared_root/csv_file/<split>.csv``, each
+    there."""
     path = os.path.join(prepared_root, "csv_file", f"{split}.csv")
+    columns = ",".join(CSV_HEADER)
     try:
         reader = csv.reader(io.StringIO(read_bytes(path).decode("utf-8"), newline=""))
     except (FileNotFoundError, IsADirectoryError):
         raise DataError(
             f"{path}: no such file (expected a split written by make_csv_file_npy)"
         ) from None
+    if (header := next(reader, None)) != CSV_HEADER:
+        raise DataError(f"{path}: header is {header}, expected {columns}")
     imgs, lbls = [], []
-    header = next(reader, None)
-    if header != CSV_HEADER:
-        raise DataError(f"{path}: header is {header}, expected {','.join(CSV_HEADER)}")
     for row in reader:
         if len(row) != 3:
             raise DataError(
-                f"{path} line {reader.line_num}: expected 3 columns ({','.join(CSV_HEADER)}), got "
-                f"{row}"
+                f"{path} line {reader.line_num}: expected 3 columns ({columns}), got {row}"
             )
-        image, mask = (
-            os.path.join(prepared_root, rel)
-            if remote(prepared_root)
-            else os.path.abspath(os.path.join(prepared_root, rel))
-            for rel in row[1:]
-        )
-        for file in (image, mask):
-            if not isfile(file):
-                raise DataError(f"{path} row index {row[0]}: {file}: no such file")
+        pair = [os.path.join(prepared_root, rel) for rel in row[1:]]
+        image, mask = pair if remote(prepared_root) else map(os.path.abspath, pair)
+        if missing := next((file for file in (image, mask) if not isfile(file)), None):
+            raise DataError(f"{path} row index {row[0]}: {missing}: no such file")
         imgs.append(image)
         lbls.append(mask)
     if not imgs:
-        raise DataError(
-            f"{path}: no rows after its header (expected {','.join(CSV_HEADER)} rows, one per pair)"
-        )
+        raise DataError(f"{path}: no rows after its header (expected {columns} rows, one per pair)")
     return imgs, lbls
 
 
-def first_nonfinite(paths, threads=8):
-    """The first of the float ``paths`` holding a NaN or an infinity, or None: each is read once, on
-    ``threads``."""
+def check_finite_pixels(paths, threads=8):
+    """A ``DataError`` naming the first of the float image ``paths`` that holds a NaN or an
+    infinity: each is read once, on ``threads``."""
     with ThreadPoolExecutor(max(1, threads or 1)) as pool:
         finite = pool.map(lambda path: bool(np.isfinite(load_npy(path)).all()), paths)
-        return next((path for path, ok in zip(paths, finite) if not ok), None)
+        if found := next((path for path, ok in zip(paths, finite) if not ok), None):
+            raise DataError(
+                f"{found}: holds NaN or infinite pixels; a float image must be finite everywhere"
+            )
 
 
 def scan_masks(lbls, limit, threads=8, ignore=None):
@@ -1480,46 +1459,25 @@ def check_segmentation_files(imgs, lbls):
         raise DataError("got an empty list of images")
     if len(imgs) != len(lbls):
         raise DataError(f"got {len(imgs)} images but {len(lbls)} masks (first image: {imgs[0]})")
-    headers = list(overlapped(_npy_shape, imgs + lbls, remote(imgs[0])))
-    first_image, first_mask = headers[0], headers[len(imgs)]
-    for img, lbl, image, mask in zip(imgs, lbls, headers, headers[len(imgs) :]):
-        (image_shape, image_dtype), (mask_shape, mask_dtype) = image, mask
-        if (
-            len(image_shape) not in (2, 3)
-            or image_shape[2:] not in ((), (1,), (3,))
-            or 0 in image_shape
-            or image_dtype.name not in IMAGE_DTYPES
-            or not image_dtype.isnative
-        ):
-            raise DataError(
-                f"{img}: expected an image of shape (H, W), (H, W, 1) or (H, W, 3) of "
-                f"{', '.join(IMAGE_DTYPES)}, got {image_shape} {image_dtype}"
-            )
-        if (
-            len(mask_shape) not in (2, 3)
-            or mask_shape[2:] not in ((), (1,))
-            or 0 in mask_shape
-            or mask_dtype.kind not in "uib"
-            or not mask_dtype.isnative
-        ):
-            raise DataError(
-                f"{lbl}: expected a mask of shape (H, W) or (H, W, 1) of integer class indices, "
-                f"got {mask_shape} {mask_dtype}"
-            )
+    headers = list(overlapped(npy_header, imgs + lbls, remote(imgs[0])))
+    images, masks = headers[: len(imgs)], headers[len(imgs) :]
+    for kind, paths, found in zip(NPY_KINDS, (imgs, lbls), (images, masks)):
+        what, axes, dtypes, expected = kind
+        first_shape, first_dtype = found[0]
+        for path, (shape, dtype) in zip(paths, found):
+            fits = len(shape) in (2, 3) and shape[2:] in axes and 0 not in shape
+            if not (fits and dtype.name in dtypes and dtype.isnative):
+                raise DataError(f"{path}: expected {expected}, got {shape} {dtype}")
+            if shape[2:] != first_shape[2:] or dtype != first_dtype:
+                raise DataError(
+                    f"{path}: {what} of shape {shape} {dtype}, but the set's first {what} "
+                    f"{paths[0]} is {first_shape} {first_dtype} (all {what}s of a set share their "
+                    "number of dimensions, channels and dtype)"
+                )
+    for img, lbl, (image_shape, _), (mask_shape, _) in zip(imgs, lbls, images, masks):
         if image_shape[:2] != mask_shape[:2]:
             raise DataError(
                 f"{lbl}: mask is {mask_shape[0]}x{mask_shape[1]} but its image {img} is "
                 f"{image_shape[0]}x{image_shape[1]} (height x width must match)"
             )
-        for path, (shape, dtype), (first_shape, first_dtype), first_path, what in (
-            (img, image, first_image, imgs[0], "image"),
-            (lbl, mask, first_mask, lbls[0], "mask"),
-        ):
-            if shape[2:] != first_shape[2:] or dtype != first_dtype:
-                raise DataError(
-                    f"{path}: {what} of shape {shape} {dtype}, but the set's first {what} "
-                    f"{first_path} "
-                    f"is {first_shape} {first_dtype} (all {what}s of a set share their number of "
-                    f"dimensions, channels and dtype)"
-                )
-    return first_image, first_mask
+    return images[0], masks[0]

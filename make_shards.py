@@ -458,7 +458,7 @@ def plan_shards(src, settings):
     # a file that is not an image would go into a shard as it is, and a trainer could only name its
     # shard and sample (or DALI crash on it): refused here, by its own name, before any shard exists
     for files in (train_files, val_files):
-        check_image_heads(files, f"{src}: images checked")
+        check_image_heads(files, src)
     manifest, shards = {**settings, "splits": {}, "classes": classes}, {}
     size, fmt = settings["shard_size"], settings["format"]
     for split, files, labels in (

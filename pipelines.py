@@ -3,24 +3,38 @@
 One class per task and split, written with DALI's ops API: operators are built in ``__init__``,
 ``define_graph`` wires them in the order the data flows. Every pipeline runs on a GPU
 (``device_id=0``: mixed JPEG decode, GPU resize and augmentations) and on a machine with no GPU
-at all (``device_id=None``: every operator on the CPU, no CUDA call anywhere).
+at all (``device_id=None``: every operator on the CPU, no CUDA call anywhere). This file alone,
+with DALI, NumPy and PyTorch installed, runs these on the CPU over an ImageFolder tree in train/
+and .npy pairs in npy/images/ and npy/masks/ (``device_id=0`` runs them on GPU 0):
 
     from pipelines import ClassifyTrainPipeline, classify_iterator
-    pipe = ClassifyTrainPipeline(256, num_threads=8, device_id=0, data_dir="imagenet/train")
+    pipe = ClassifyTrainPipeline(8, num_threads=2, device_id=None, data_dir="train", crop_size=64)
     for batch in classify_iterator(pipe):
         images, labels = batch[0]["data"], batch[0]["label"].squeeze(-1).long()
 
+    import glob
     from pipelines import fetch_dali_loader, segment_iterator
-    pipe = fetch_dali_loader(image_npys, mask_npys, batch_size=32, mode="train", device_id=0)
+    image_npys = sorted(glob.glob("npy/images/*.npy"))
+    mask_npys = sorted(glob.glob("npy/masks/*.npy"))  # mask_npys[i] is image_npys[i]'s
+    pipe = fetch_dali_loader(image_npys, mask_npys, 4, "train", device_id=None, size=(128, 128))
     for batch in segment_iterator(pipe):
         images, masks = batch[0]["image"], batch[0]["mask"].long()
 
 Changing an augmentation is an edit of this file alone. Below the pipelines sit the few
-operator-level helpers their ``define_graph`` calls (the CPU fallbacks). What the pipelines read
-(layouts, shards, ``s3://``, ``.npy`` checks) is ``data_sources.py``: bad input raises its
-``DataError``, naming the offending path, before DALI builds anything.
+operator-level helpers their ``define_graph`` calls (the CPU fallbacks).
+
+What is read, alone: a local ImageFolder tree (``ImageFolderReader``) and lists of ``.npy`` image
+and mask files, taken as they are. Their files are the caller's to check: DALI 2.4 can kill the
+process on an image file it cannot decode, and reads a mask of the wrong size without a word. The
+trainers check them first with data_sources.py, which names the offending file: pass
+``reader=data_sources.ClassifyReader`` to a classification pipeline, and call
+``data_sources.check_segmentation_files(imgs, lbls)`` (and ``check_finite_pixels`` for float
+images) before ``fetch_dali_loader``. Other layouts (TFRecord files, WebDataset tars, DALI file
+lists, ``s3://``, repeated augmentation) are data_sources.py's: it is imported where one is asked
+for.
 """
 
+import dataclasses
 import functools
 import math
 import os
@@ -38,15 +52,6 @@ from nvidia.dali.auto_aug.core import Policy
 from nvidia.dali.pipeline import OperatorConcurrency, Pipeline
 from nvidia.dali.plugin.base_iterator import LastBatchPolicy
 from nvidia.dali.plugin.pytorch import DALIClassificationIterator, DALIGenericIterator
-
-from data_sources import (
-    ClassifyReader,
-    DataError,
-    check_segmentation_files,
-    extra_samples,
-    first_nonfinite,
-    repeats,
-)
 
 # ImageNet statistics on the 0..255 scale that DALI's decoders produce.
 IMAGENET_MEAN = (0.485 * 255, 0.456 * 255, 0.406 * 255)
@@ -75,6 +80,9 @@ READER_PREFETCH = 3
 RANDOM_AREA = (0.08, 1.0)
 RANDOM_ASPECT_RATIO = (3 / 4, 4 / 3)
 CROP_ATTEMPTS = 100
+# The extensions torchvision's ImageFolder accepts (case-insensitive), so that both loaders see the
+# same files; data_sources.py's IMG_EXTENSIONS, for the trees it checks, are the same.
+IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 
 
 # ------------------------------------------------------------------------------------------
@@ -82,10 +90,43 @@ CROP_ATTEMPTS = 100
 # ------------------------------------------------------------------------------------------
 
 
+@dataclasses.dataclass
+class ReadSettings:
+    """What a classification pipeline reads and how it is labelled: the pipelines' keyword
+    arguments of these names, handed to their reader."""
+
+    # What lists and reads them: a class taking (data_dir, ReadSettings, batch_size=, shuffle=,
+    # stick_to_shard=, skip_cached_images=), as ImageFolderReader does. None: ImageFolderReader for
+    # a local folder of class folders, data_sources.ClassifyReader for anything else.
+    reader: type = None
+    # A DALI file list (lines "<path relative to data_dir> <label>"), or a list of files each
+    # labelled by its position in it (data_sources.ClassifyReader reads both).
+    file_list: object = None
+    classes: list = None  # the training class names, which number a folder's labels (for val)
+    num_classes: int = None  # None: as many as ``classes``
+    label_offset: int = 0  # subtracted from stored labels: 1 for TFRecords that store 1..1000
+    shard_id: int = 0
+    num_shards: int = 1
+    ra_reps: int = 0  # torchvision's repeated augmentation (data_sources.RepeatedAugmentation)
+    ra_seed: int = 0  # its order's seed, the same on every shard
+
+
+@dataclasses.dataclass
+class DecoderSettings:
+    """Where and how a classification pipeline decodes (see ``_ClassifyPipeline.place_decoder``):
+    the pipelines' keyword arguments of these names."""
+
+    decoder: str = "mixed"
+    hw_decoder_load: float = None  # None: DEFAULT_HW_DECODER_LOAD, or CACHED_HW_DECODER_LOAD
+    device_memory_padding: int = DEVICE_MEMORY_PADDING
+    host_memory_padding: int = HOST_MEMORY_PADDING
+    decoder_cache: int = None  # MB of GPU memory for decoded images; None: no cache
+
+
 class _ClassifyPipeline(Pipeline):
-    """What the two classification pipelines share: the reader (``ClassifyReader``: an ImageFolder
-    tree, a DALI file_list, TFRecord files or WebDataset tars), where the decoder and the other
-    operators run, and the normalization with ImageNet mean/std.
+    """What the two classification pipelines share: the reader (``ReadSettings``), where the
+    decoder and the other operators run (``DecoderSettings``), and the normalization with ImageNet
+    mean/std, into ``dtype`` and ``output_layout``.
 
     Attributes for the trainer: ``layout`` ("folder" for a tree or a file_list, "tfrecord", "wds"),
     ``classes`` (class names in index order, or None when unknown), ``num_classes`` (or None),
@@ -100,68 +141,60 @@ class _ClassifyPipeline(Pipeline):
         device_id,
         data_dir,
         *,
-        shuffle,
         crop_size,
         dtype="float32",
         output_layout="CHW",
-        file_list=None,
-        shard_id=0,
-        num_shards=1,
-        label_offset=0,
-        num_classes=None,
-        classes=None,
-        hw_decoder_load=None,
-        device_memory_padding=DEVICE_MEMORY_PADDING,
-        host_memory_padding=HOST_MEMORY_PADDING,
-        decoder_cache=None,
-        decoder="mixed",
-        ra_reps=0,
-        ra_seed=0,
-        **pipeline_kwargs,
+        **kwargs,
     ):
+        reading, decode = settings(ReadSettings, kwargs), settings(DecoderSettings, kwargs)
         # seed, prefetch_queue_depth and the rest are DALI's Pipeline's own
-        super().__init__(
-            batch_size, num_threads, device_id, **cpu_concurrency(device_id, pipeline_kwargs)
-        )
+        super().__init__(batch_size, num_threads, device_id, **cpu_concurrency(device_id, kwargs))
         # Arguments are checked once the Pipeline exists: a half-built one cannot be cleaned up.
         positive_int("batch_size", batch_size)
         positive_int("crop_size", crop_size)
-        paddings = (device_memory_padding, host_memory_padding)
-        self.place_decoder(device_id, decoder, hw_decoder_load, paddings, decoder_cache)
-        self.read = ClassifyReader(
+        self.place_decoder(device_id, decode)
+        reader = reading.reader or default_reader(data_dir, reading)
+        self.read = reader(
             data_dir,
-            file_list,
-            classes=classes,
-            num_classes=num_classes,
-            label_offset=label_offset,
-            shard_id=shard_id,
-            num_shards=num_shards,
-            shuffle=shuffle,
+            reading,
             batch_size=batch_size,
+            shuffle=self.shuffle,
             stick_to_shard=self.cached,
-            skip_cached_images=bool(self.cached and decoder_cache),
-            ra_reps=ra_reps,
-            ra_seed=ra_seed,
+            skip_cached_images=bool(self.cached and decode.decoder_cache),
         )
         self.layout, self.files, self.classes = self.read.layout, self.read.files, self.read.classes
         self.num_classes, self.num_samples = self.read.num_classes, self.read.num_samples
-        self.num_shards = num_shards
+        self.num_shards = reading.num_shards
         self.output_layout = choice("output_layout", output_layout, {"CHW": "CHW", "HWC": "HWC"})
         self.dtype = choice("dtype", dtype, {"float32": types.FLOAT, "float16": types.FLOAT16})
 
-    def place_decoder(self, device_id, decoder, hw_decoder_load, paddings, decoder_cache):
-        """Where the decoder and the operators after it run, and the decoder's arguments.
-        ``decoder_cache`` (MB, on a GPU): whole images decoded once into DALI's GPU cache, where
-        the next epochs find them; a per-process cache needs each process to keep its shard every
-        epoch (stick_to_shard)."""
-        self.cached = device_id is not None and decoder_cache is not None
-        self.decoder_device, self.device = placement(device_id, decoder, self.cached)
-        self.decoder_args = decoder_arguments(
-            self.decoder_device,
-            hw_decoder_load,
-            *paddings,
-            decoder_cache if self.cached else None,
-        )
+    def place_decoder(self, device_id, decode):
+        """Where the decoder and the operators after it run, and the decoder's arguments: all on
+        the CPU without a GPU; on one, the operators on the GPU, the decoder there ("mixed": its
+        hardware decoder takes ``hw_decoder_load`` of the JPEGs) or on DALI's threads ("cpu": no
+        decoding kernel beside the model's, results/README.md). ``decoder_cache`` (MB, on a GPU):
+        whole images decoded once into DALI's GPU cache, where the next epochs find them; a
+        per-process cache needs each process to keep its shard every epoch (stick_to_shard)."""
+        decoder = choice("decoder", decode.decoder, {"mixed": "mixed", "cpu": "cpu"})
+        self.cached = device_id is not None and decode.decoder_cache is not None
+        if self.cached and decoder == "cpu":
+            raise ValueError(
+                "decoder_cache needs decoder='mixed' (DALI caches what its GPU decoder decodes), "
+                "got decoder='cpu'"
+            )
+        self.decoder_device, self.device = ("cpu", "cpu") if device_id is None else (decoder, "gpu")
+        # EXIF orientation is not applied, as torchvision's PIL loader does not apply it.
+        self.decoder_args = dict(adjust_orientation=False)
+        if self.decoder_device == "mixed":
+            load = CACHED_HW_DECODER_LOAD if self.cached else DEFAULT_HW_DECODER_LOAD
+            self.decoder_args.update(
+                hw_decoder_load=load if decode.hw_decoder_load is None else decode.hw_decoder_load,
+                device_memory_padding=decode.device_memory_padding,
+                host_memory_padding=decode.host_memory_padding,
+            )
+        if self.cached:
+            cache = dict(cache_size=decode.decoder_cache, cache_type="threshold", cache_threshold=0)
+            self.decoder_args.update(cache)
 
     def decoded(self, jpegs):
         """``jpegs`` decoded, on the device of the operators after the decoder."""
@@ -188,23 +221,17 @@ class ClassifyTrainPipeline(_ClassifyPipeline):
     and optionally random erasing. The crop's resize is DALI's on the GPU and torch's on the CPU
     (``resize_with_torch``).
 
-    Outputs ``(images, labels)``: images (B, 3, crop_size, crop_size) float32 or float16,
-    normalized with ImageNet mean/std, or (B, crop_size, crop_size, 3) with
+    Outputs ``(images, labels)``: images (B, 3, crop_size, crop_size) float32 or float16
+    (``dtype``), normalized with ImageNet mean/std, or (B, crop_size, crop_size, 3) with
     ``output_layout="HWC"`` (``images.permute(0, 3, 1, 2)`` is then a channels_last tensor, no
-    copy); labels (B, 1) int32. ``data_dir`` is an ImageFolder tree or a folder of TFRecord files or
-    WebDataset tars (``data_sources.find_layout``). Keyword-only: ``crop_size``, ``shard_id``,
-    ``num_shards``, ``seed``, ``file_list``, ``dtype``, ``output_layout``, ``random_area``,
-    ``random_aspect_ratio``, ``auto_augment`` (``AUTO_AUGMENT``'s names), ``random_erase``,
-    ``label_offset`` (subtracted from stored labels: 1 for TensorFlow's ImageNet TFRecords, which
-    store 1..1000), ``num_classes``, ``classes`` (the training class names, which number a folder's
-    labels), ``hw_decoder_load`` (None: ``DEFAULT_HW_DECODER_LOAD``, or ``CACHED_HW_DECODER_LOAD``
-    with the cache), the decoder's memory paddings, ``decoder_cache`` (MB of GPU memory for decoded
-    images; None: decode only the crop's window, uncached), ``decoder`` ("mixed": on the GPU, its
-    hardware decoder taking ``hw_decoder_load``; "cpu": on DALI's threads, the crop then copied to
-    the GPU; a CPU-only pipeline decodes on the CPU either way), ``prefetch_queue_depth``, ``ra_reps``
-    and ``ra_seed`` (torchvision's repeated augmentation, ``data_sources.RepeatedAugmentation``; 0:
-    off); the rest goes to DALI's ``Pipeline`` (``enable_checkpointing``, ``checkpoint``,
-    ``exec_dynamic``, ...).
+    copy); labels (B, 1) int32. ``data_dir`` is an ImageFolder tree, or (read by data_sources.py) a
+    folder of TFRecord files or WebDataset tars (``data_sources.find_layout``). Keyword-only:
+    ``crop_size``, ``random_area``, ``random_aspect_ratio``, ``auto_augment`` (``AUTO_AUGMENT``'s
+    names), ``random_erase``, ``crop_sizes`` (below), ``dtype``, ``output_layout``; what is read and
+    how it is labelled (``ReadSettings``: ``shard_id``, ``num_shards``, ``file_list``, ``classes``,
+    ``reader``, ...) and decoded (``DecoderSettings``: ``decoder``, ``decoder_cache``, ...); the
+    rest goes to DALI's ``Pipeline`` (``seed``, ``prefetch_queue_depth``, ``enable_checkpointing``,
+    ``checkpoint``, ``exec_dynamic``, ...).
 
     ``crop_sizes`` (progressive resizing): a function from an epoch's index (0 for the pipeline's
     first; a pipeline restored from a checkpoint counts on from the checkpointed run's) to that
@@ -212,6 +239,7 @@ class ClassifyTrainPipeline(_ClassifyPipeline):
     epoch's size, its decoder cache kept.
     """
 
+    shuffle = True
     last_batch_policy = LastBatchPolicy.FILL  # see classify_iterator
 
     def __init__(
@@ -230,13 +258,7 @@ class ClassifyTrainPipeline(_ClassifyPipeline):
         **kwargs,
     ):
         super().__init__(
-            batch_size,
-            num_threads,
-            device_id,
-            data_dir,
-            shuffle=True,
-            crop_size=crop_size,
-            **kwargs,
+            batch_size, num_threads, device_id, data_dir, crop_size=crop_size, **kwargs
         )
         probability("random_erase", random_erase)
         value_range("random_area", random_area, high=1.0)
@@ -390,6 +412,7 @@ class ClassifyValPipeline(_ClassifyPipeline):
     indices.
     """
 
+    shuffle = False
     last_batch_policy = LastBatchPolicy.PARTIAL  # see classify_iterator
 
     def __init__(
@@ -404,13 +427,7 @@ class ClassifyValPipeline(_ClassifyPipeline):
         **kwargs,
     ):
         super().__init__(
-            batch_size,
-            num_threads,
-            device_id,
-            data_dir,
-            shuffle=False,
-            crop_size=crop_size,
-            **kwargs,
+            batch_size, num_threads, device_id, data_dir, crop_size=crop_size, **kwargs
         )
         self.decode = ops.decoders.Image(
             device=self.decoder_device, output_type=types.RGB, **self.decoder_args
@@ -447,6 +464,95 @@ def classify_iterator(pipe):
         )
 
 
+def default_reader(data_dir, reading):
+    """The reader class of a classification pipeline given none: ``ImageFolderReader`` for a local
+    folder that holds folders, data_sources.ClassifyReader for anything else (shards, ``s3://``, a
+    file list, repeated augmentation), imported only then."""
+    local = data_dir is not None and os.path.isdir(data_dir)
+    if local and reading.file_list is None and not reading.ra_reps:
+        if any(entry.is_dir() for entry in os.scandir(data_dir)):
+            return ImageFolderReader
+    from data_sources import ClassifyReader
+
+    return ClassifyReader
+
+
+class ImageFolderReader:
+    """A local ImageFolder tree (``data_dir/<class>/<image>``) as a classification pipeline reads
+    it, unchecked: torchvision's ImageFolder's files (names ending in ``IMG_EXTENSIONS``, symlinked
+    folders followed), in its order, labelled by its class indices (those of ``reading.classes``
+    where given), read by DALI's file reader (``file_reader``). Called in ``define_graph``, it gives
+    the encoded images and their labels (int32 of shape (1,), less ``reading.label_offset``).
+
+    data_sources.ClassifyReader reads a tree the same way once it has checked it: every class
+    folder holds images, every image's first bytes are an image's, no symlink loops.
+    """
+
+    layout = "folder"
+    ra = None  # no repeated augmentation's sampler: data_sources.ClassifyReader's
+    epoch = dict(reader_name="Reader")  # the iterator counts an epoch by the reader's shard
+
+    def __init__(self, data_dir, reading, *, batch_size, shuffle, **file_args):
+        self.data_dir, self.label_offset = data_dir, reading.label_offset
+        found = sorted(entry.name for entry in os.scandir(data_dir) if entry.is_dir())
+        self.classes = found if reading.classes is None else list(reading.classes)
+        self.num_classes = len(self.classes) if reading.num_classes is None else reading.num_classes
+        index = {name: k for k, name in enumerate(self.classes)}
+        self.files, labels = [], []
+        for name in found:
+            for root, _, names in sorted(os.walk(os.path.join(data_dir, name), followlinks=True)):
+                kept = [n for n in sorted(names) if n.lower().endswith(IMG_EXTENSIONS)]
+                self.files += [os.path.join(root, n) for n in kept]
+                labels += [index[name]] * len(kept)
+        self.num_samples = len(self.files)
+        self.reader = file_reader(self.files, labels, reading, batch_size, shuffle, **file_args)
+        self.to_int32 = ops.Cast(dtype=types.INT32)
+
+    def __call__(self):
+        images, labels = self.reader()
+        return images, self.to_int32(labels - self.label_offset)
+
+
+def file_reader(files, labels, reading, batch_size, shuffle, **file_args):
+    """DALI's file reader over image ``files`` and their ``labels``: shard ``reading.shard_id`` of
+    ``reading.num_shards``, each shard's last batch padded (the validation iterator drops the
+    padding); a training reader (``shuffle``) reads a few distinct samples twice (``repeats``) so
+    that every shard holds whole batches. ``file_args``: ``stick_to_shard``,
+    ``skip_cached_images``."""
+    extra = extra_samples(len(files), reading.num_shards, batch_size) if shuffle else 0
+    return ops.readers.File(
+        files=files + repeats(files, extra),
+        labels=labels + repeats(labels, extra),
+        shard_id=reading.shard_id,
+        num_shards=reading.num_shards,
+        random_shuffle=shuffle,
+        pad_last_batch=True,
+        name="Reader",
+        **file_args,
+    )
+
+
+def extra_samples(n, num_shards, batch_size):
+    """How many samples a training set of ``n`` needs so that its ``num_shards`` equal shards hold
+    whole batches."""
+    return num_shards * batch_size * math.ceil(math.ceil(n / num_shards) / batch_size) - n
+
+
+def repeats(items, extra):
+    """``extra`` of ``items``, spread evenly over them, each at most once while there are enough:
+    what training readers append to their set. DALI's shards then need no padding of their own,
+    which repeats a shard's last sample to fill its last batch; DistributedSampler, likewise, pads
+    with real samples of the set."""
+    return [items[k * len(items) // extra] for k in range(extra)]
+
+
+def settings(record, kwargs):
+    """A ``record`` (a dataclass) of the keyword arguments in ``kwargs`` that name its fields, taken
+    out of ``kwargs``."""
+    names = [field.name for field in dataclasses.fields(record)]
+    return record(**{name: kwargs.pop(name) for name in names if name in kwargs})
+
+
 # ------------------------------------------------------------------------------------------
 # segmentation
 # ------------------------------------------------------------------------------------------
@@ -458,9 +564,8 @@ class _SegmentImagePipeline(Pipeline):
     the same input."""
 
     def build_image_ops(self, image, size, num_threads):
-        device = "gpu" if self.on_gpu else "cpu"
         shape, dtype = image
-        self.image_hwc = ops.Reshape(device=device, src_dims=hwc_dims(shape), layout="HWC")
+        self.image_hwc = ops.Reshape(device=self.device, src_dims=hwc_dims(shape), layout="HWC")
         if not self.on_gpu and dtype == np.uint8:  # torch's resize on the CPU, for 8-bit images
             resize = functools.partial(
                 resize_with_torch, self.torch_threads, num_threads, tuple(size), False
@@ -470,21 +575,17 @@ class _SegmentImagePipeline(Pipeline):
             )
             self.to_chw = unchanged  # torch hands out CHW
         else:
-            resize = ops.Resize(
-                device=device, interp_type=types.INTERP_LINEAR, antialias=False, roi_relative=True
-            )
-            self.resize_image = functools.partial(flip_by_roi, resize, list(size))
-            self.to_chw = ops.Transpose(device=device, perm=[2, 0, 1], output_layout="CHW")
+            self.resize_image = roi_resize(self.device, types.INTERP_LINEAR, size)
+            self.to_chw = ops.Transpose(device=self.device, perm=[2, 0, 1], output_layout="CHW")
 
     def build_normalize(self, image, mean, std):
-        device = "gpu" if self.on_gpu else "cpu"
         if (mean is None) != (std is None):
             raise ValueError(f"give both mean and std, or neither (got mean={mean}, std={std})")
         if mean is None and self.channels == 3 and image[1] == np.uint8:
             mean, std = IMAGENET_MEAN, IMAGENET_STD
         if mean is None:
-            self.channel_min = ops.reductions.Min(device=device, axes=[1, 2], keep_dims=True)
-            self.standardize = ops.Normalize(device=device, axes=[1, 2], dtype=types.FLOAT)
+            self.channel_min = ops.reductions.Min(device=self.device, axes=[1, 2], keep_dims=True)
+            self.standardize = ops.Normalize(device=self.device, axes=[1, 2], dtype=types.FLOAT)
             self.normalize = self.normalize_each_image
             return
         mean = np.atleast_1d(mean).astype(float).tolist()
@@ -497,7 +598,7 @@ class _SegmentImagePipeline(Pipeline):
                 f"{self.channels} channels), got mean={mean}, std={std}"
             )
         self.normalize = ops.CropMirrorNormalize(
-            device=device, dtype=types.FLOAT, output_layout="CHW", mean=mean, std=std
+            device=self.device, dtype=types.FLOAT, output_layout="CHW", mean=mean, std=std
         )
 
     def normalize_each_image(self, image):
@@ -523,7 +624,12 @@ class SegmentValPipeline(_SegmentImagePipeline):
     float32) per image, each channel by the image's own mean and standard deviation (a constant
     channel becomes 0); or, for any kind, by ``mean`` and ``std`` when given (1 or C values each, on
     the image's own scale). Further keyword arguments go to DALI's ``Pipeline``
-    (``enable_checkpointing``, ``checkpoint``, ...).
+    (``prefetch_queue_depth``, ``enable_checkpointing``, ``checkpoint``, ...).
+
+    The files are the caller's to check: images (H, W), (H, W, 1) or (H, W, 3) of uint8, uint16 or
+    float32, masks (H, W) or (H, W, 1) of an integer type or bool, one kind each in a set (the first
+    pair's headers stand for it), each mask of its image's size. data_sources.py's
+    ``check_segmentation_files`` checks so from the headers, ``check_finite_pixels`` float pixels.
     """
 
     shuffle = False
@@ -543,32 +649,25 @@ class SegmentValPipeline(_SegmentImagePipeline):
         seed=42,
         mean=None,
         std=None,
-        prefetch_queue_depth=2,
         own_size_masks=False,
         **pipeline_kwargs,
     ):
         pipeline_kwargs = cpu_concurrency(device_id, pipeline_kwargs)
-        super().__init__(
-            batch_size,
-            num_threads,
-            device_id,
-            seed=seed,
-            prefetch_queue_depth=prefetch_queue_depth,
-            **pipeline_kwargs,
-        )
+        super().__init__(batch_size, num_threads, device_id, seed=seed, **pipeline_kwargs)
         # Arguments are checked once the Pipeline exists: a half-built one cannot be cleaned up.
         positive_int("batch_size", batch_size)
         self.size = image_size(size)
-        image, mask = check_segmentation_files(imgs, lbls)  # (shape, dtype) of each, from headers
-        if image[1].kind == "f":
-            if found := first_nonfinite(list(imgs)[shard_id::num_shards], num_threads):
-                raise DataError(
-                    f"{found}: holds NaN or infinite pixels; a float image must be "
-                    f"finite everywhere"
-                )
+        imgs, lbls = ([] if paths is None else list(paths) for paths in (imgs, lbls))
+        if not imgs or len(imgs) != len(lbls):
+            raise ValueError(
+                f"expected one mask for each image, and an image: got {len(imgs)} images and "
+                f"{len(lbls)} masks"
+            )
+        # (shape, dtype) of each, from the first pair's headers: the set is the caller's to check
+        image, mask = npy_header(imgs[0]), npy_header(lbls[0])
         self.channels = image[0][2] if len(image[0]) == 3 else 1
-        self.files = list(imgs) + list(lbls)  # what it reads, the images first
-        self.on_gpu = device_id is not None
+        self.files = imgs + lbls  # what it reads, the images first
+        self.on_gpu, self.device = device_id is not None, "cpu" if device_id is None else "gpu"
         self.own_size_masks = own_size_masks
         self.build_readers(imgs, lbls, batch_size, shard_id, num_shards, seed)
         self.build_mask_ops(mask, self.size)
@@ -582,10 +681,7 @@ class SegmentValPipeline(_SegmentImagePipeline):
         """The image and the mask reader, in lock-step: one seed, shuffle and sharding for both."""
         if self.shuffle:  # a few distinct pairs repeated, so every shard holds whole batches
             extra = extra_samples(len(imgs), num_shards, batch_size)
-            imgs, lbls = (
-                list(imgs) + repeats(list(imgs), extra),
-                list(lbls) + repeats(list(lbls), extra),
-            )
+            imgs, lbls = imgs + repeats(imgs, extra), lbls + repeats(lbls, extra)
         # Memory-mapped reads with cached headers: plain reads (dont_use_mmap) were much slower,
         # and the reader was the ceiling (results/README.md).
         reader_args = dict(
@@ -597,39 +693,29 @@ class SegmentValPipeline(_SegmentImagePipeline):
             cache_header_information=True,
             prefetch_queue_depth=READER_PREFETCH,
         )
-        self.read_image = ops.readers.Numpy(files=list(imgs), name="ReaderX", **reader_args)
-        self.read_mask = ops.readers.Numpy(files=list(lbls), name="ReaderY", **reader_args)
+        self.read_image = ops.readers.Numpy(files=imgs, name="ReaderX", **reader_args)
+        self.read_mask = ops.readers.Numpy(files=lbls, name="ReaderY", **reader_args)
 
     def build_mask_ops(self, mask, size):
-        device = "gpu" if self.on_gpu else "cpu"
         shape, dtype = mask
         # (H, W) files get a channel axis of 1, so every kind of set runs through one graph.
-        self.mask_hwc = ops.Reshape(device=device, src_dims=hwc_dims(shape), layout="HWC")
+        self.mask_hwc = ops.Reshape(device=self.device, src_dims=hwc_dims(shape), layout="HWC")
         # moves no data
-        self.mask_chw = ops.Reshape(device=device, src_dims=[2, 0, 1], layout="CHW")
+        self.mask_chw = ops.Reshape(device=self.device, src_dims=[2, 0, 1], layout="CHW")
         # DALI's Resize reads uint8, int16, uint16 and float32: other masks (np.argmax gives int64)
         # are resized as float32, exact for class values below 2**24, and handed out as int32. A
         # cast to the type a mask already has would only copy it, so uint8 masks skip both.
-        resized, handed_out = types.FLOAT, types.INT32
-        if dtype in (np.uint8, np.bool_):
-            resized, handed_out = types.UINT8, types.UINT8
-        if dtype == np.uint8:
-            self.mask_to_resize = unchanged
-        else:
-            self.mask_to_resize = ops.Cast(device=device, dtype=resized)
-        if handed_out == resized:
-            self.mask_to_output = unchanged
-        else:
-            self.mask_to_output = ops.Cast(device=device, dtype=handed_out)
-        self.mask_type = handed_out
-        # The training pipeline flips by reading the region of interest backwards, and may give
-        # each sample a size of its own (flip_by_roi).
-        resize = ops.Resize(
-            device=device, interp_type=types.INTERP_NN, antialias=False, roi_relative=True
-        )
-        self.resize_mask = functools.partial(flip_by_roi, resize, list(size))
+        self.mask_to_resize = self.mask_to_output = unchanged
+        self.mask_type = types.UINT8 if dtype in (np.uint8, np.bool_) else types.INT32
+        if dtype != np.uint8:
+            resized = types.UINT8 if dtype == np.bool_ else types.FLOAT
+            self.mask_to_resize = ops.Cast(device=self.device, dtype=resized)
+        if self.mask_type == types.INT32:
+            self.mask_to_output = ops.Cast(device=self.device, dtype=types.INT32)
+        # Nearest neighbour: a mask keeps exactly its class values.
+        self.resize_mask = roi_resize(self.device, types.INTERP_NN, size)
         # own_size_masks: a batch of masks of several sizes, made one tensor that PyTorch can take
-        self.pad_mask = ops.Pad(device=device, axes=[0, 1], fill_value=0)
+        self.pad_mask = ops.Pad(device=self.device, axes=[0, 1], fill_value=0)
 
     def define_graph(self):
         image, own = self.read()
@@ -651,6 +737,32 @@ class SegmentValPipeline(_SegmentImagePipeline):
         return self.mask_to_output(self.mask_chw(mask))
 
 
+@dataclasses.dataclass
+class Augmentations:
+    """``SegmentTrainPipeline``'s augmentations: its keyword arguments of these names. A ``_p`` is
+    each sample's chance of its augmentation; a (low, high) range, that of the augmentation's
+    uniform draw for a sample."""
+
+    flip_p: float = 0.5  # vertical and horizontal, each
+    noise_p: float = 0.15
+    noise_std: tuple = (0.0, 0.33)  # Gaussian noise's standard deviation
+    blur_p: float = 0.15
+    blur_sigma: tuple = (0.5, 1.5)  # Gaussian blur's
+    brightness_p: float = 0.15
+    brightness: tuple = (0.7, 1.3)  # a factor
+    contrast_p: float = 0.13
+    contrast: tuple = (0.9, 1.1)  # a factor, the result clamped to the image's own min and max
+    scale_range: tuple = None  # torchvision's scale augmentation; None: off
+    mask_pad: int = 0  # what pads a scaled mask where it came out smaller than ``size``
+
+    def check(self):
+        """A ValueError naming the first probability or range out of its bounds."""
+        for name in ("flip_p", "noise_p", "blur_p", "brightness_p", "contrast_p"):
+            probability(name, getattr(self, name))
+        for name in ("noise_std", "blur_sigma", "brightness", "contrast"):
+            value_range(name, getattr(self, name))
+
+
 class SegmentTrainPipeline(SegmentValPipeline):
     """``SegmentValPipeline`` plus augmentations, on the device of the pipeline.
 
@@ -660,7 +772,8 @@ class SegmentTrainPipeline(SegmentValPipeline):
     then cut back to ``size`` at a random place, padded where it came out smaller: the mask with
     ``mask_pad``, the normalized image with 0 (the mean colour). On the normalized image only, each
     drawn per sample with its own probability: Gaussian noise, Gaussian blur, brightness scaling,
-    and contrast scaling clamped to the image's own min/max.
+    and contrast scaling clamped to the image's own min/max. Their keyword arguments and defaults:
+    ``Augmentations``.
     """
 
     shuffle = True
@@ -668,60 +781,34 @@ class SegmentTrainPipeline(SegmentValPipeline):
     # shard's last batch by repeating its own samples, so no step sees made-up data.
     last_batch_policy = LastBatchPolicy.FILL
 
-    def __init__(
-        self,
-        batch_size,
-        num_threads,
-        device_id,
-        imgs,
-        lbls,
-        *,
-        flip_p=0.5,
-        noise_p=0.15,
-        noise_std=(0.0, 0.33),
-        blur_p=0.15,
-        blur_sigma=(0.5, 1.5),
-        brightness_p=0.15,
-        brightness=(0.7, 1.3),
-        contrast_p=0.13,
-        contrast=(0.9, 1.1),
-        scale_range=None,
-        mask_pad=0,
-        **kwargs,
-    ):
+    def __init__(self, batch_size, num_threads, device_id, imgs, lbls, **kwargs):
+        augment = settings(Augmentations, kwargs)
         super().__init__(batch_size, num_threads, device_id, imgs, lbls, **kwargs)
-        probability("flip_p", flip_p)
-        probability("noise_p", noise_p)
-        probability("blur_p", blur_p)
-        probability("brightness_p", brightness_p)
-        probability("contrast_p", contrast_p)
-        value_range("noise_std", noise_std)
-        value_range("blur_sigma", blur_sigma)
-        value_range("brightness", brightness)
-        value_range("contrast", contrast)
-        self.graph = dict(scale_range=scale_range is not None)  # which steps define_graph wires
-        device = "gpu" if self.on_gpu else "cpu"
+        augment.check()
+        # the options that decide which steps define_graph wires
+        self.graph = dict(scale_range=augment.scale_range is not None)
+        coin = functools.partial(ops.random.CoinFlip, dtype=types.BOOL)
         # (vertical, horizontal)
-        self.flip_coins = ops.random.CoinFlip(probability=flip_p, shape=[2])
+        self.flip_coins = ops.random.CoinFlip(probability=augment.flip_p, shape=[2])
         self.as_float = ops.Cast(dtype=types.FLOAT)
-        self.build_scale(scale_range, mask_pad)
-        self.noise_coin = ops.random.CoinFlip(probability=noise_p, dtype=types.BOOL)
-        self.build_noise(noise_std)
-        self.blur_coin = ops.random.CoinFlip(probability=blur_p, dtype=types.BOOL)
-        self.blur_sigma = ops.random.Uniform(range=list(blur_sigma))
-        gaussian_blur = ops.GaussianBlur(device=device)
+        self.build_scale(augment.scale_range, augment.mask_pad)
+        self.noise_coin = coin(probability=augment.noise_p)
+        self.build_noise(augment.noise_std)
+        self.blur_coin = coin(probability=augment.blur_p)
+        self.blur_sigma = ops.random.Uniform(range=list(augment.blur_sigma))
+        gaussian_blur = ops.GaussianBlur(device=self.device)
         self.blur = lambda image, sigma: gaussian_blur(image, sigma=sigma)
-        self.brightness_coin = ops.random.CoinFlip(probability=brightness_p, dtype=types.BOOL)
-        self.brightness = ops.random.Uniform(range=list(brightness))
-        self.contrast_coin = ops.random.CoinFlip(probability=contrast_p, dtype=types.BOOL)
-        self.contrast = ops.random.Uniform(range=list(contrast))
-        self.min = ops.reductions.Min(device=device)
-        self.max = ops.reductions.Max(device=device)
+        self.brightness_coin = coin(probability=augment.brightness_p)
+        self.brightness = ops.random.Uniform(range=list(augment.brightness))
+        self.contrast_coin = coin(probability=augment.contrast_p)
+        self.contrast = ops.random.Uniform(range=list(augment.contrast))
+        self.min = ops.reductions.Min(device=self.device)
+        self.max = ops.reductions.Max(device=self.device)
         # The ops API has no per-sample `if`; these are the operators that DALI's conditionals run
         # for one. DALI keeps them in ops._conditional, so requirements.txt pins DALI exactly.
-        self.split = ops._conditional.Split(device=device)
+        self.split = ops._conditional.Split(device=self.device)
         self.split_draw = ops._conditional.Split(device="cpu")
-        self.merge = ops._conditional.Merge(device=device)
+        self.merge = ops._conditional.Merge(device=self.device)
 
     def build_scale(self, scale_range, mask_pad):
         lowest, highest = (0, 255) if self.mask_type == types.UINT8 else (-(2**31), 2**31 - 1)
@@ -740,8 +827,7 @@ class SegmentTrainPipeline(SegmentValPipeline):
         # One crop position per sample, for image and mask alike.
         self.crop_x = ops.random.Uniform(range=[0.0, 1.0])
         self.crop_y = ops.random.Uniform(range=[0.0, 1.0])
-        device = "gpu" if self.on_gpu else "cpu"
-        crop = dict(device=device, crop=list(self.size), out_of_bounds_policy="pad")
+        crop = dict(device=self.device, crop=list(self.size), out_of_bounds_policy="pad")
         self.crop_image = ops.Crop(**crop, fill_values=0.0)
         self.crop_mask = ops.Crop(**crop, fill_values=float(mask_pad))
 
@@ -814,13 +900,9 @@ def segment_iterator(pipe):
     filled with repeats of the shard's own samples: under DDP every rank takes the same number of
     steps, on real data.
     """
-    return DALIGenericIterator(
-        pipe,
-        ["image", "mask"] + (["own_mask", "own_size"] if pipe.own_size_masks else []),
-        reader_name="ReaderX",
-        last_batch_policy=pipe.last_batch_policy,
-        auto_reset=True,
-    )
+    names = ["image", "mask"] + (["own_mask", "own_size"] if pipe.own_size_masks else [])
+    policy = dict(last_batch_policy=pipe.last_batch_policy, auto_reset=True)
+    return DALIGenericIterator(pipe, names, reader_name="ReaderX", **policy)
 
 
 class SegmentPredictPipeline(_SegmentImagePipeline):
@@ -856,20 +938,13 @@ class SegmentPredictPipeline(_SegmentImagePipeline):
         positive_int("batch_size", batch_size)
         size = image_size(size)
         self.channels = choice("channels", channels, {1: 1, 3: 3})
-        # a list of files: the classification reader labels each by its position
-        self.read = ClassifyReader(
-            data_dir,
-            list(files),
-            classes=None,
-            num_classes=None,
-            label_offset=0,
-            shard_id=shard_id,
-            num_shards=num_shards,
-            shuffle=False,
-            batch_size=batch_size,
-        )
+        # a list of files, checked and each labelled by its position by data_sources.py's reader
+        from data_sources import ClassifyReader
+
+        reading = ReadSettings(file_list=list(files), shard_id=shard_id, num_shards=num_shards)
+        self.read = ClassifyReader(data_dir, reading, batch_size=batch_size, shuffle=False)
         self.files, self.layout = self.read.files, self.read.layout
-        self.on_gpu = device_id is not None
+        self.on_gpu, self.device = device_id is not None, "cpu" if device_id is None else "gpu"
         # EXIF orientation is not applied, as in the classification pipelines and PIL's reading.
         self.decode = ops.decoders.Image(
             device="mixed" if self.on_gpu else "cpu",
@@ -916,19 +991,6 @@ PIPELINE_KEYS = (
     "enable_checkpointing",
     "checkpoint",
 )
-AUGMENTATION_KEYS = (
-    "flip_p",
-    "noise_p",
-    "noise_std",
-    "blur_p",
-    "blur_sigma",
-    "brightness_p",
-    "brightness",
-    "contrast_p",
-    "contrast",
-    "scale_range",
-    "mask_pad",
-)
 # What "eval" and "test" alone take.
 VAL_KEYS = ("own_size_masks",)
 # The nail-segmentation write-up's settings that stand for one of ours: DALI threads, shards.
@@ -972,7 +1034,8 @@ def fetch_dali_loader(imgs, lbls, batch_size, mode, **kwargs):
     """
     if mode not in SEGMENT_PIPELINES:
         raise ValueError(f"mode must be one of {', '.join(SEGMENT_PIPELINES)}, got {mode!r}")
-    known = PIPELINE_KEYS + AUGMENTATION_KEYS + VAL_KEYS + WRITEUP_KEYS
+    augmentations = tuple(field.name for field in dataclasses.fields(Augmentations))
+    known = PIPELINE_KEYS + augmentations + VAL_KEYS + WRITEUP_KEYS
     unknown = [key for key in kwargs if key not in known + IGNORED_KEYS]
     if unknown:
         raise ValueError(
@@ -980,21 +1043,21 @@ def fetch_dali_loader(imgs, lbls, batch_size, mode, **kwargs):
             f"it accepts {', '.join(known)}, and ignores {', '.join(IGNORED_KEYS)}"
         )
     pipeline = SEGMENT_PIPELINES[mode]
-    used = PIPELINE_KEYS + (AUGMENTATION_KEYS if pipeline is SegmentTrainPipeline else VAL_KEYS)
-    settings = {key: value for key, value in kwargs.items() if key in used}
-    settings.setdefault("num_threads", kwargs.get("num_workers", 4))
-    settings.setdefault("num_shards", env_int("WORLD_SIZE", kwargs.get("gpus", 1)))
-    settings.setdefault("shard_id", env_int("RANK", env_int("LOCAL_RANK", 0)))
-    if "device_id" not in settings:
-        settings["device_id"] = env_int("LOCAL_RANK", 0) if torch.cuda.is_available() else None
-    if not 0 <= settings["shard_id"] < settings["num_shards"]:
+    used = PIPELINE_KEYS + (augmentations if pipeline is SegmentTrainPipeline else VAL_KEYS)
+    chosen = {key: value for key, value in kwargs.items() if key in used}
+    chosen.setdefault("num_threads", kwargs.get("num_workers", 4))
+    chosen.setdefault("num_shards", env_int("WORLD_SIZE", kwargs.get("gpus", 1)))
+    chosen.setdefault("shard_id", env_int("RANK", env_int("LOCAL_RANK", 0)))
+    if "device_id" not in chosen:
+        chosen["device_id"] = env_int("LOCAL_RANK", 0) if torch.cuda.is_available() else None
+    if not 0 <= chosen["shard_id"] < chosen["num_shards"]:
         raise ValueError(
-            f"shard_id {settings['shard_id']} is out of range for num_shards "
-            f"{settings['num_shards']} (from the arguments, else RANK or LOCAL_RANK, "
+            f"shard_id {chosen['shard_id']} is out of range for num_shards "
+            f"{chosen['num_shards']} (from the arguments, else RANK or LOCAL_RANK, "
             f"and WORLD_SIZE or gpus)"
         )
-    threads, device_id = settings.pop("num_threads"), settings.pop("device_id")
-    return pipeline(batch_size, threads, device_id, imgs, lbls, **settings)
+    threads, device_id = chosen.pop("num_threads"), chosen.pop("device_id")
+    return pipeline(batch_size, threads, device_id, imgs, lbls, **chosen)
 
 
 # ------------------------------------------------------------------------------------------
@@ -1097,42 +1160,6 @@ AUTO_AUGMENT = {
 }
 
 
-def placement(device_id, decoder, cached):
-    """Where the decoder and the operators after it run: ("cpu", "cpu") without a GPU; on one,
-    ``decoder`` ("mixed": the GPU's decoders; "cpu": DALI's threads, the decoded crop then copied to
-    the GPU, no decoding kernel beside the model's: enough for a model slower than the CPU's decode,
-    results/README.md) and "gpu"."""
-    decoder = choice("decoder", decoder, {"mixed": "mixed", "cpu": "cpu"})
-    if cached and decoder == "cpu":
-        raise ValueError(
-            "decoder_cache needs decoder='mixed' (DALI caches what its GPU decoder decodes), "
-            "got decoder='cpu'"
-        )
-    if device_id is None:
-        return "cpu", "cpu"
-    return decoder, "gpu"
-
-
-def decoder_arguments(decoder_device, hw_decoder_load, device_padding, host_padding, cache_mb):
-    """The decoder's arguments: the mixed decoder's hardware share and memory paddings, and with
-    ``cache_mb`` DALI's decoder cache of that many MB."""
-    # EXIF orientation is not applied, as torchvision's PIL loader does not apply it.
-    args = dict(adjust_orientation=False)
-    if decoder_device == "mixed":
-        if hw_decoder_load is None:
-            hw_decoder_load = (
-                DEFAULT_HW_DECODER_LOAD if cache_mb is None else CACHED_HW_DECODER_LOAD
-            )
-        args.update(
-            hw_decoder_load=hw_decoder_load,
-            device_memory_padding=device_padding,
-            host_memory_padding=host_padding,
-        )
-    if cache_mb is not None:
-        args.update(cache_size=cache_mb, cache_type="threshold", cache_threshold=0)
-    return args
-
-
 def unchanged(data):
     """The identity: stands in for an operator a pipeline does not need."""
     return data
@@ -1185,6 +1212,17 @@ def env_int(name, default):
     return int(os.environ[name]) if os.environ.get(name) else default
 
 
+def npy_header(path):
+    """(shape, dtype) of a ``.npy`` file, from its header; an ``s3://`` one's through
+    data_sources.py."""
+    if str(path).startswith("s3://"):
+        from data_sources import npy_header
+
+        return npy_header(path)
+    array = np.load(path, mmap_mode="r")
+    return array.shape, array.dtype
+
+
 def hwc_dims(shape):
     """Reshape's ``src_dims`` that make an (H, W) or (H, W, C) array (H, W, C)."""
     return [0, 1, -1] if len(shape) == 2 else [0, 1, 2]
@@ -1231,6 +1269,14 @@ def antialiased_resize(device_id, num_threads, size):
         interp_type=types.INTERP_TRIANGULAR,
         antialias=True,
     )
+
+
+def roi_resize(device, interp_type, size):
+    """DALI's resize to ``size`` (height, width) with ``interp_type``, called through
+    ``flip_by_roi``: the training pipeline flips by reading the region of interest backwards, and
+    may give each sample a size of its own."""
+    resize = ops.Resize(device=device, interp_type=interp_type, antialias=False, roi_relative=True)
+    return functools.partial(flip_by_roi, resize, list(size))
 
 
 def flip_by_roi(resize, size, data, flips=None, sizes=None):

@@ -40,20 +40,26 @@ from conftest import (
     same_batches,
     save_pairs,
     seg_mask,
-    seg_pipe,
+    solid_colour,
     to_shards,
     unnormalize,
 )
-from data_sources import DataError, find_layout, find_undecodable, list_image_folder, shard_files
+from data_sources import (
+    ClassifyReader,
+    DataError,
+    check_finite_pixels,
+    check_segmentation_files,
+    find_layout,
+    find_undecodable,
+    list_image_folder,
+    shard_files,
+)
 from make_shards import make_shards, write_tar, write_tfrecord
 from pipelines import (
     ClassifyTrainPipeline,
     ClassifyValPipeline,
     SegmentPredictPipeline,
-    SegmentTrainPipeline,
-    SegmentValPipeline,
     classify_iterator,
-    fetch_dali_loader,
 )
 
 pytestmark = pytest.mark.usefixtures("no_dist_env")
@@ -451,6 +457,35 @@ def test_val_folder_labels_follow_train_classes(split_root):
     )  # zebra is 2, as in train, not 1 as val alone would say
 
 
+def test_a_tree_read_alone_is_read_as_the_trainers_checked_one(split_root):
+    """pipelines.py alone lists an ImageFolder tree itself (ImageFolderReader), unchecked; the
+    trainers pass data_sources' ClassifyReader, which checks it first: the same files, labels and
+    batches, training (padded, shuffled, sharded) and validation (train's class indices)."""
+    train = split_root / "train"
+    (train / "zebra" / "deeper").mkdir()
+    Image.new("RGB", (9, 9), solid_colour(0, 9)).save(train / "zebra" / "deeper" / "x.PNG")
+    (train / "Apple" / "notes.txt").write_text("not an image, left out by both")
+    for pipeline, data, kwargs in (
+        (ClassifyTrainPipeline, train, dict(shard_id=1, num_shards=2)),
+        (ClassifyValPipeline, split_root / "val", dict(classes=["Apple", "b c", "zebra"])),
+    ):
+        pipes = [
+            pipeline(4, 1, None, str(data), crop_size=16, seed=3, **kwargs, **reader)
+            for reader in ({}, dict(reader=ClassifyReader))
+        ]
+        alone, checked = pipes
+        assert type(alone.read).__name__ == "ImageFolderReader"
+        assert (alone.files, alone.classes, alone.num_classes, alone.num_samples) == (
+            checked.files,
+            checked.classes,
+            checked.num_classes,
+            checked.num_samples,
+        )
+        assert alone.num_samples == (3 * PER_CLASS + 1 if pipeline is ClassifyTrainPipeline else 4)
+        batches = [first_batches(classify_iterator(pipe), 8) for pipe in pipes]
+        assert same_batches(*batches)
+
+
 def test_val_class_unknown_to_train_is_an_error(split_root):
     (split_root / "val" / "okapi").mkdir()
     Image.new("RGB", (8, 8)).save(split_root / "val" / "okapi" / "a.png")
@@ -459,7 +494,9 @@ def test_val_class_unknown_to_train_is_an_error(split_root):
         match=f"^{split_root / 'val' / 'okapi'}: class 'okapi' is not one of the 3 "
         f"training classes$",
     ):
-        ClassifyValPipeline(4, 1, None, str(split_root / "val"), classes=sorted(CLASSES))
+        ClassifyValPipeline(
+            4, 1, None, str(split_root / "val"), classes=sorted(CLASSES), reader=ClassifyReader
+        )
 
 
 def test_shard_classes_txt_must_match_the_training_classes(split_root):
@@ -563,21 +600,30 @@ def not_an_image(path, content):
 @pytest.mark.parametrize("kind", NOT_IMAGES)
 def test_a_file_that_is_not_an_image_is_named_before_dali_decodes_it(texture_folder, kind):
     """DALI 2.4 could kill the process (SIGSEGV) when such a file failed to decode in the first
-    batch of 32 or more, before the file could be named: every reader of image files refuses it
-    when it lists them, whatever the batch."""
+    batch of 32 or more, before the file could be named: data_sources' reader (the trainers')
+    refuses it when it lists the files, whatever the batch, and so do file lists and --predict."""
     bad = texture_folder / "b c" / "bad.jpg"
     bad.write_bytes(NOT_IMAGES[kind])
     expected = f"^{re.escape(not_an_image(bad, NOT_IMAGES[kind]))}$"
     with pytest.raises(DataError, match=expected):
-        ClassifyTrainPipeline(32, 1, None, str(texture_folder), crop_size=32)
+        ClassifyTrainPipeline(32, 1, None, str(texture_folder), crop_size=32, reader=ClassifyReader)
     with pytest.raises(DataError, match=expected):
-        ClassifyValPipeline(32, 1, None, str(texture_folder))
+        ClassifyValPipeline(32, 1, None, str(texture_folder), reader=ClassifyReader)
     listed = texture_folder.parent / "list.txt"  # a DALI file list
     listed.write_text("zebra/t0.jpg 0\nb c/bad.jpg 2\n")
     with pytest.raises(DataError, match=expected):
         ClassifyValPipeline(32, 1, None, str(texture_folder), file_list=str(listed))
     with pytest.raises(DataError, match=expected):  # --predict's pipelines, which take a list
         SegmentPredictPipeline(32, 1, None, str(texture_folder), [str(bad)])
+
+
+def test_a_long_header_check_says_so_in_one_line_first(solid_folder, monkeypatch, capsys):
+    files = sorted(str(f) for f in solid_folder.rglob("*.png"))  # 21 images
+    data_sources.check_image_heads(files, str(solid_folder))
+    assert capsys.readouterr() == ("", "")  # a check of fewer than LONG_CHECK images: no line
+    monkeypatch.setattr(data_sources, "LONG_CHECK", len(files))
+    data_sources.check_image_heads(files, str(solid_folder))
+    assert capsys.readouterr() == ("", f"{solid_folder}: checking 21 images' first bytes\n")
 
 
 def test_every_image_type_that_dali_decodes_passes_the_check(tmp_path):
@@ -775,7 +821,7 @@ def test_class_folder_without_images(tmp_path, solid_folder):
     (solid_folder / "empty").mkdir()
     (solid_folder / "empty" / "notes.txt").write_text("not an image")
     with pytest.raises(DataError, match=f"{solid_folder / 'empty'}: no images"):
-        ClassifyTrainPipeline(2, 1, None, str(solid_folder))
+        ClassifyTrainPipeline(2, 1, None, str(solid_folder), reader=ClassifyReader)
 
 
 def test_symlinked_folders_are_followed_and_a_symlink_loop_is_refused(tmp_path, solid_folder):
@@ -793,7 +839,7 @@ def test_symlinked_folders_are_followed_and_a_symlink_loop_is_refused(tmp_path, 
         f"to {re.escape(str(solid_folder / 'b c'))}, whose images would count again and again\\); "
         "remove the link$",
     ):
-        ClassifyTrainPipeline(2, 1, None, str(solid_folder))
+        ClassifyTrainPipeline(2, 1, None, str(solid_folder), reader=ClassifyReader)
 
 
 def test_missing_file_list(tmp_path, solid_folder):
@@ -804,17 +850,17 @@ def test_missing_file_list(tmp_path, solid_folder):
 def test_image_and_mask_lists_of_different_length(seg_files):
     imgs, lbls = seg_files
     with pytest.raises(DataError, match=f"got {SEG_N} images but {SEG_N - 1} masks.*{imgs[0]}"):
-        fetch_dali_loader(imgs, lbls[:-1], batch_size=2, mode="train")
+        check_segmentation_files(imgs, lbls[:-1])
 
 
 def test_empty_image_list():
     with pytest.raises(DataError, match="empty list of images"):
-        fetch_dali_loader([], [], batch_size=2, mode="eval")
+        check_segmentation_files([], [])
 
 
 def test_no_masks(seg_files):
     with pytest.raises(DataError, match=f"got {SEG_N} images but 0 masks"):
-        fetch_dali_loader(seg_files[0], None, batch_size=2, mode="test")
+        check_segmentation_files(seg_files[0], None)
 
 
 def test_mask_size_differs_from_image(seg_files):
@@ -824,14 +870,14 @@ def test_mask_size_differs_from_image(seg_files):
         DataError,
         match=f"{lbls[4]}: mask is {SEG_H}x{SEG_W - 1} but its image {imgs[4]} is {SEG_H}x{SEG_W}",
     ):
-        SegmentTrainPipeline(2, 1, None, imgs, lbls)
+        check_segmentation_files(imgs, lbls)
 
 
 def test_missing_mask_file(seg_files):
     imgs, lbls = seg_files
     lbls[2] = lbls[2].replace("s2", "gone/s2")
     with pytest.raises(DataError, match=f"{lbls[2]}: no such file"):
-        SegmentValPipeline(2, 1, None, imgs, lbls)
+        check_segmentation_files(imgs, lbls)
 
 
 def test_truncated_npy(seg_files):
@@ -843,19 +889,22 @@ def test_truncated_npy(seg_files):
         match=rf"{lbls[3]}: truncated: 1087 bytes, but its header "
         rf"\(\({SEG_H}, {SEG_W}, 1\) uint8\) needs 1088",
     ):
-        SegmentValPipeline(2, 1, None, imgs, lbls)
+        check_segmentation_files(imgs, lbls)
 
 
 def test_float_images_with_nan_or_inf_are_refused(tmp_path):
     images = [np.full((SEG_H, SEG_W), 0.5, np.float32) for _ in range(4)]
     images[2][3, 4] = np.nan
-    imgs, lbls = save_pairs(tmp_path, images, [seg_mask(k) for k in range(4)])
+    imgs, _ = save_pairs(tmp_path, images, [seg_mask(k) for k in range(4)])
     with pytest.raises(DataError, match=f"^{re.escape(imgs[2])}: holds NaN or infinite pixels"):
-        seg_pipe(imgs, lbls, batch_size=2, mode="train")
+        check_finite_pixels(imgs)
     images[2][3, 4] = np.inf
     np.save(imgs[2], images[2])
     with pytest.raises(DataError, match=f"^{re.escape(imgs[2])}: holds NaN or infinite pixels"):
-        seg_pipe(imgs, lbls, batch_size=2, mode="eval")
+        check_finite_pixels(imgs, threads=2)
+    images[2][3, 4] = 0.5
+    np.save(imgs[2], images[2])
+    check_finite_pixels(imgs)
 
 
 def test_npy_headers_are_parsed_one_thread_at_a_time(tmp_path, monkeypatch):
@@ -876,18 +925,18 @@ def test_npy_headers_are_parsed_one_thread_at_a_time(tmp_path, monkeypatch):
     monkeypatch.setattr(ast, "literal_eval", slow_parse)
     images = [np.full((SEG_H, SEG_W), k / 8, np.float32) for k in range(8)]
     imgs, lbls = save_pairs(tmp_path, images, [seg_mask(k) for k in range(8)])
-    seg_pipe(imgs, lbls, batch_size=8, mode="eval")  # reads every image to check it is finite
+    check_segmentation_files(imgs, lbls)  # every header
+    check_finite_pixels(imgs)  # reads every image
     assert calls[0] >= 8 and most == [1]
 
 
-@pytest.mark.parametrize("mode, batch_size", [("eval", 2), ("eval", 32), ("train", 32)])
-def test_not_an_npy_file(seg_files, mode, batch_size):
+def test_not_an_npy_file(seg_files):
     # from its header, before DALI reads it: no batch of DALI's holds it (see IMAGE_MAGIC)
     imgs, lbls = seg_files
     with open(imgs[5], "w") as f:
         f.write("P6 40 24 255\n")
     with pytest.raises(DataError, match=f"{imgs[5]}: not a .npy array"):
-        fetch_dali_loader(imgs, lbls, batch_size=batch_size, mode=mode)
+        check_segmentation_files(imgs, lbls)
 
 
 def test_a_pickled_npy_is_refused_as_such(seg_files):
@@ -898,7 +947,7 @@ def test_a_pickled_npy_is_refused_as_such(seg_files):
         match=f"^{re.escape(lbls[5])}: holds pickled Python objects \\(dtype object\\); "
         "expected a plain numeric array$",
     ):
-        fetch_dali_loader(imgs, lbls, batch_size=2, mode="eval")
+        check_segmentation_files(imgs, lbls)
 
 
 @pytest.mark.parametrize(
@@ -922,7 +971,7 @@ def test_wrong_shape_or_dtype_names_the_file(seg_files, what, array, found):
         else "a mask of shape (H, W) or (H, W, 1) of integer class indices"
     )
     with pytest.raises(DataError, match=f"{path}: expected {re.escape(expected)}, got {found}$"):
-        fetch_dali_loader(imgs, lbls, batch_size=2, mode="train")
+        check_segmentation_files(imgs, lbls)
 
 
 @pytest.mark.parametrize(
@@ -943,7 +992,7 @@ def test_a_set_shares_one_kind_of_image_and_of_mask(seg_files, what, array):
         DataError,
         match=f"{paths[7]}: {what} of shape .* but the set's first {what} {paths[0]} is \\({first}",
     ):
-        fetch_dali_loader(imgs, lbls, batch_size=2, mode="eval")
+        check_segmentation_files(imgs, lbls)
 
 
 # ------------------------------------------------------------------------------------------

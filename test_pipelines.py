@@ -4,6 +4,7 @@ augmentations, checkpoints, operator concurrency, bad arguments). What they read
 is test_data_sources.py's; shared fixtures are in conftest.py. CPU-only DALI everywhere; the GPU tests at the end
 run where a CUDA device is visible (see README: they were run on an H200)."""
 
+import json
 import os
 import re
 import subprocess
@@ -1142,6 +1143,23 @@ def test_a_batch_size_below_one_or_not_whole_is_named(seg_files, solid_folder, b
         ClassifyValPipeline(batch_size, 1, None, str(solid_folder))
 
 
+@pytest.mark.parametrize("masks", ["one fewer", "none", "both empty"])
+def test_image_and_mask_lists_must_pair_up(seg_files, masks):
+    """The pipeline's own check of its lists; the files themselves are the caller's to check
+    (data_sources.check_segmentation_files, test_data_sources.py)."""
+    imgs, lbls = seg_files
+    imgs, lbls = {"one fewer": (imgs, lbls[:-1]), "none": (imgs, None), "both empty": ([], [])}[
+        masks
+    ]
+    expected = (
+        f"expected one mask for each image, and an image: got {len(imgs)} images and "
+        f"{len(lbls or [])} masks"
+    )
+    for mode in ("train", "eval"):
+        with pytest.raises(ValueError, match=f"^{expected}$"):
+            fetch_dali_loader(imgs, lbls, batch_size=2, mode=mode, device_id=None)
+
+
 def test_unknown_mode(seg_files):
     with pytest.raises(ValueError, match="mode must be one of train, eval, test, got 'predict'"):
         fetch_dali_loader(*seg_files, batch_size=2, mode="predict")
@@ -1218,6 +1236,95 @@ def test_the_decoder_runs_where_asked_and_the_rest_on_the_gpu(
 def test_a_decoder_that_cannot_be_is_named(solid_folder, kwargs, expected):
     with pytest.raises(ValueError, match=re.escape(expected)):
         ClassifyTrainPipeline(4, 1, 0, str(solid_folder), crop_size=24, **kwargs)
+
+
+# ------------------------------------------------------------------------------------------
+# pipelines.py copied alone
+# ------------------------------------------------------------------------------------------
+
+# Runs the module docstring's two examples, as written, in a folder that holds pipelines.py and the
+# data only; each example's iterator is wrapped to keep every batch of its epoch.
+ALONE = """
+import importlib.util, json, sys, textwrap
+import numpy as np
+import pipelines
+
+assert importlib.util.find_spec("data_sources") is None  # nothing but pipelines.py beside it
+examples = [[]]
+for line in pipelines.__doc__.splitlines():
+    if line.startswith("    "):
+        examples[-1].append(line)
+    elif examples[-1]:
+        examples.append([])
+kept = {}
+for name in ("classify_iterator", "segment_iterator"):
+    def keeping(pipe, make=getattr(pipelines, name), name=name):
+        for batch in make(pipe):
+            kept.setdefault(name, []).append({k: v.clone() for k, v in batch[0].items()})
+            yield batch
+    setattr(pipelines, name, keeping)
+for example in examples[:2]:
+    exec(textwrap.dedent("\\n".join(example)), {})
+assert "data_sources" not in sys.modules
+out = {}
+for name, batches in kept.items():
+    out[name] = [{k: [list(v.shape), str(v.dtype), v.tolist()] for k, v in b.items()} for b in batches]
+json.dump(out, sys.stdout)
+"""
+
+
+def test_pipelines_py_alone_runs_its_docstring_examples_on_the_cpu(tmp_path):
+    """pipelines.py alone in a folder, with no data_sources.py: an ImageFolder tree and .npy pairs,
+    each colour telling its class, give batches whose labels and masks match their pixels."""
+    (tmp_path / "pipelines.py").write_bytes(open(pipelines.__file__, "rb").read())
+    colours = {"cat": (200, 30, 30), "dog": (30, 30, 200)}  # class 0 red, class 1 blue
+    for name, colour in colours.items():
+        (tmp_path / "train" / name).mkdir(parents=True)
+        for k in range(8):
+            Image.new("RGB", (40 + 6 * k, 70 - 4 * k), colour).save(
+                tmp_path / "train" / name / f"{k}.png"
+            )
+    for folder in ("images", "masks"):
+        (tmp_path / "npy" / folder).mkdir(parents=True)
+    for k in range(8):  # foreground (class 1) on the left, bright; background dark
+        mask = np.zeros((48, 64), np.uint8)
+        mask[:, : 16 + 4 * k] = 1
+        image = np.where(mask[..., None] == 1, 220, 40).astype(np.uint8).repeat(3, axis=2)
+        np.save(tmp_path / "npy" / "images" / f"{k}.npy", image)
+        np.save(tmp_path / "npy" / "masks" / f"{k}.npy", mask)
+    (tmp_path / "alone.py").write_text(ALONE)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "RANK", "WORLD_SIZE")}
+    proc = subprocess.run(
+        [sys.executable, "alone.py"], cwd=tmp_path, env=env, capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    kept = json.loads(proc.stdout)
+
+    classified = kept["classify_iterator"]  # one epoch of 16 images, batches of 8
+    assert len(classified) == 2
+    labels = []
+    for batch in classified:
+        (shape, dtype, images), (label_shape, label_dtype, label) = batch["data"], batch["label"]
+        assert shape == [8, 3, 64, 64] and dtype == "torch.float32"
+        assert label_shape == [8, 1] and label_dtype == "torch.int32"
+        for image, (value,) in zip(np.array(images), label):
+            # every pixel the class's colour, normalized: red above the mean for class 0
+            assert np.ptp(image, axis=(1, 2)).max() < 1e-4
+            assert (image[0, 0, 0] > 0) == (value == 0) and (image[2, 0, 0] > 0) == (value == 1)
+            labels.append(value)
+    assert sorted(labels) == [0] * 8 + [1] * 8
+
+    segmented = kept["segment_iterator"]  # one epoch of 8 pairs, batches of 4
+    assert len(segmented) == 2
+    for batch in segmented:
+        (shape, dtype, images), (mask_shape, mask_dtype, masks) = batch["image"], batch["mask"]
+        assert shape == [4, 3, 128, 128] and dtype == "torch.float32"
+        assert mask_shape == [4, 1, 128, 128] and mask_dtype == "torch.uint8"
+        for image, mask in zip(np.array(images), np.array(masks)[:, 0]):
+            assert set(np.unique(mask)) == {0, 1}
+            # flipped alike: the foreground's pixels bright, the background's dark, whatever the
+            # augmentations (the blur and the resize smear the border's pixels a little)
+            assert np.mean((image.mean(0) > 0) == (mask == 1)) > 0.97
 
 
 # ------------------------------------------------------------------------------------------

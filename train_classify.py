@@ -259,6 +259,7 @@ from torchvision.transforms import v2
 
 import training
 from data_sources import (
+    ClassifyReader,
     check_unchanged,
     data_digest,
     decode_errors_named,
@@ -544,9 +545,8 @@ def make_pipelines(args, world, dali_state=None, cache=None, first_epoch=1):
             f"--data {args.data}: the number of classes is unknown (no classes.txt beside the "
             f"shards); pass --num-classes"
         )
-    classes = train.classes or [
-        str(k) for k in range(train.num_classes)
-    ]  # checkpoints compare names
+    # names, which the checkpoints compare
+    classes = train.classes or [str(k) for k in range(train.num_classes)]
     val = ClassifyValPipeline(
         args.batch_size,
         data_dir=os.path.join(args.data, "val"),
@@ -560,8 +560,9 @@ def make_pipelines(args, world, dali_state=None, cache=None, first_epoch=1):
 
 def pipeline_settings(args, world, cache, first_epoch=1):
     """What the training and validation pipelines share; ``first_epoch``: the training pipeline's
-    (its seed, see training.pipeline_seed)."""
+    (its seed, see training.pipeline_seed). data_sources' reader checks the data first."""
     return dict(
+        reader=ClassifyReader,
         num_threads=args.workers,
         device_id=world.local_rank if args.dali_device == "gpu" else None,
         shard_id=world.rank,
@@ -578,7 +579,6 @@ def pipeline_settings(args, world, cache, first_epoch=1):
 
 def make_train_pipeline(args, world, dali_state=None, cache=None, first_epoch=1):
     """The training pipeline of make_pipelines."""
-    common = pipeline_settings(args, world, cache, first_epoch)
 
     # Checkpointing the train pipeline (reader position, random states) costs nothing until asked.
     # With --progressive-resize it asks each epoch's crop size by the epoch's index, 0 for its
@@ -597,7 +597,7 @@ def make_train_pipeline(args, world, dali_state=None, cache=None, first_epoch=1)
         ra_seed=args.seed + first_epoch - 1,  # one order for every process, each epoch its own
         enable_checkpointing=True,
         checkpoint=dali_state[world.rank] if dali_state else None,
-        **common,
+        **pipeline_settings(args, world, cache, first_epoch),
     )
 
 

@@ -228,6 +228,7 @@ from torchvision.utils import draw_segmentation_masks, make_grid
 import training
 from data_sources import (
     DataError,
+    check_finite_pixels,
     check_segmentation_files,
     check_unchanged,
     data_digest,
@@ -737,12 +738,14 @@ def locate_data(args, world):
 def build_loaders(args, world, root, ckpt, log):
     """The pipelines (shard RANK of WORLD_SIZE, on GPU LOCAL_RANK or the CPU) over the prepared
     ``root``, their iterators, and what the run knows of its data (training.RunData); checks the
-    masks' values."""
+    files first, and the masks' values."""
     if ckpt:  # a checkpoint's run: main imported resume.py for it
         import resume
+
     dali_state, first_epoch = resume.pipeline_state(ckpt, args, world) if ckpt else (None, 1)
     splits = {split: read_split(root, split) for split in ("train", "valid")}
     (train_imgs, train_lbls), (val_imgs, val_lbls) = splits["train"], splits["valid"]
+    check_files(args, world, splits)
     if args.ignore_index is not None:
         check_ignore_index(args, root, train_imgs, train_lbls)
     train_pipe = train_pipeline(args, world, dali_state, first_epoch, train_imgs, train_lbls)
@@ -792,7 +795,6 @@ def pipeline_settings(args, world, first_epoch=1):
 def train_pipeline(args, world, dali_state, first_epoch, imgs, lbls):
     """The training pipeline, restored from ``dali_state`` (each process's, or None), starting
     with ``first_epoch`` (see resume.pipeline_state)."""
-    common = pipeline_settings(args, world, first_epoch)
     return SegmentTrainPipeline(
         args.batch_size,
         imgs=imgs,
@@ -803,7 +805,7 @@ def train_pipeline(args, world, dali_state, first_epoch, imgs, lbls):
         scale_range=args.scale_range,
         # padding is left out of the loss where there is a class to ignore, else background
         mask_pad=0 if args.ignore_index is None else args.ignore_index,
-        **common,
+        **pipeline_settings(args, world, first_epoch),
     )
 
 
@@ -824,6 +826,15 @@ def log_data(args, log, root, train_pipe, num_samples, val_samples):
             "channels": train_pipe.channels,
         }
     )
+
+
+def check_files(args, world, splits):
+    """Each split's files as DALI must find them, from their headers (check_segmentation_files),
+    and this process's share of float images free of NaN and infinity: DALI reads them unchecked."""
+    for imgs, lbls in splits.values():
+        (_, image_dtype), _ = check_segmentation_files(imgs, lbls)
+        if image_dtype.kind == "f":
+            check_finite_pixels(imgs[world.rank :: world.size], args.workers)
 
 
 def check_mask_values(args, world, root, splits):
