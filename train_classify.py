@@ -318,9 +318,7 @@ def train_one_epoch(model, criterion, state, steps, step_log, epoch, args, mixup
     optimizer, scheduler, scaler = state["optimizer"], state["scheduler"], state["scaler"]
     model_ema = state["model_ema"]
     model.train()
-    for step, (images, targets) in steps:
-        if args.channels_last:
-            images = images.contiguous(memory_format=torch.channels_last)
+    for step, (images, targets) in steps:  # channels_last already where asked (batches_on_device)
         if mixup_cutmix is not None:
             images, targets = mixup_cutmix(images, targets)  # soft targets: class probabilities
         with training.autocast(args, images.device):
@@ -352,8 +350,6 @@ def evaluate(model, batches, args, device):
     for images, labels in batches:
         if images.shape[0] == 0:  # a shard one sample short of the others ends on an empty batch
             continue
-        if args.channels_last:
-            images = images.contiguous(memory_format=torch.channels_last)
         with training.autocast(args, device):
             logits = model(images)
         hits = logits.topk(min(5, logits.shape[1]), dim=1).indices == labels[:, None]
@@ -383,12 +379,8 @@ def main(args):
         args.batch_size = 256 if world.device.type == "cuda" else 32
     if args.predict:  # the trained model on new images: no --data, no run folder
         return predict(args, world)
-    ckpt = None
-    if args.resume or args.evaluate:  # resume.py only here: a fresh run needs none of it
-        flags.require("--resume" if args.resume else "--evaluate", "resume")
-        import resume
-
-        ckpt = resume.load(args, world)  # its run's flags; --evaluate's, --resume auto's rules
+    # its run's flags; --evaluate's and --resume auto's rules (resume.py: a fresh run needs none)
+    ckpt = load_checkpoint(args, world) if args.resume or args.evaluate else None
     check_arch(args)  # before the run folder is made, or the demo set built
     locate_data(args, world)  # builds the demo set, or checks --data
     log = training.open_run(args, world, RUNS_DIR)  # the run folder, locked, and its log
@@ -401,10 +393,8 @@ def main(args):
     )
     criterion = torch.nn.CrossEntropyLoss(label_smoothing=args.label_smoothing)
     mixup_cutmix = get_mixup_cutmix(args, len(data.classes))
-    start = training.Start()  # a new run's first step, or its checkpoint's next
-    if ckpt:
-        build = functools.partial(train_loader, cache=ckpt.get("decoder_cache"))
-        start = resume.restore(ckpt, args, world, state, data, log, build)
+    # a new run's first step, or its checkpoint's next
+    start = restore(ckpt, args, world, state, data, log) if ckpt else training.Start()
     log.begin()  # every check has passed: from here the run folder changes
     if args.evaluate:
         return score(state, data, args, world, log)
@@ -441,6 +431,22 @@ def main(args):
         if signum := stop.agree()[0]:  # a signal during the epoch's last validation batches
             stop.exit(signum, path, epoch, data.steps)
     log.close("val_top1", checkpoints.best)
+
+
+def load_checkpoint(args, world):
+    """--resume's or --evaluate's checkpoint (resume.load), or None for a fresh --resume auto."""
+    flags.require("--resume" if args.resume else "--evaluate", "resume")
+    import resume
+
+    return resume.load(args, world)
+
+
+def restore(ckpt, args, world, state, data, log):
+    """Where a checkpoint's run goes on (resume.restore), ``state`` loaded from it."""
+    import resume
+
+    build = functools.partial(train_loader, cache=ckpt.get("decoder_cache"))
+    return resume.restore(ckpt, args, world, state, data, log, build)
 
 
 def score(state, data, args, world, log):
@@ -523,15 +529,20 @@ def predict(args, world):
 def locate_data(args, world):
     """--data demo is built, once per node; any --data must hold train/ and val/."""
     if args.data == DEMO_DIR:
-        flags.require("--data demo", "data_processing")
-        from data_processing import make_demo_images  # only the demo needs it
-
-        if world.local_rank == 0:  # one process per node builds it, the others wait at the barrier
-            make_demo_images(DEMO_DIR)
-        if world.distributed:
-            dist.barrier()
-    if why := lacks_splits(args.data, isdir):
+        build_demo(world)
+    elif why := lacks_splits(args.data, isdir):
         raise UsageError(why)
+
+
+def build_demo(world):
+    """The demo set in DEMO_DIR, built by one process per node while the others wait."""
+    flags.require("--data demo", "data_processing")
+    from data_processing import make_demo_images  # only the demo needs it
+
+    if world.local_rank == 0:
+        make_demo_images(DEMO_DIR)
+    if world.distributed:
+        dist.barrier()
 
 
 def make_pipelines(args, world, dali_state=None, cache=None, first_epoch=1):
