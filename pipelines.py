@@ -276,10 +276,8 @@ class ClassifyTrainPipeline(_ClassifyPipeline):
         # DALI's GPU Erase has no float16 kernel: erase the float32 image, then cast it.
         cast_after_erase = random_erase and self.dtype == types.FLOAT16
         dtype = types.FLOAT if cast_after_erase else self.dtype
-        if crop_sizes is None:
-            self.normalize = self.imagenet_normalize(dtype, crop=(crop_size, crop_size))
-        else:  # nothing left to crop: the crop was resized to the epoch's size
-            self.normalize = self.imagenet_normalize(dtype)
+        # nothing left to crop: build_crop's operators give the crop, resized to its size
+        self.normalize = self.imagenet_normalize(dtype)
         if random_erase:
             self.build_erase(random_erase, cast_after_erase)
         if auto_augment is not None:
