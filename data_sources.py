@@ -667,13 +667,11 @@ def list_image_folder(data_dir, classes=None):
     this tree's own folders: a validation split that lacks some classes keeps train's indices, and a
     folder that is not in the list is an error.
     """
-    if not isdir(data_dir):
+    if (layout := find_layout(data_dir)) != "folder":  # a missing or empty folder: find_layout's
         raise DataError(
-            f"{data_dir}: no such directory (expected an ImageFolder tree: <dir>/<class>/<image>)"
+            f"{data_dir}: {layout} shards, not an ImageFolder tree <dir>/<class>/<image>"
         )
     found = sorted(name for name, is_dir in entries(data_dir) if is_dir)
-    if not found:
-        raise DataError(f"{data_dir}: no class folders in it (expected <dir>/<class>/<image>)")
     index = {c: i for i, c in enumerate(found if classes is None else classes)}
     if unknown := [c for c in found if c not in index]:
         raise DataError(
