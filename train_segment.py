@@ -716,13 +716,11 @@ def locate_data(args, world):
     """The prepared root (csv_file/ inside) of --data: the demo set and PNG roots are prepared
     first, once per node."""
     # an s3:// prefix holds a prepared root: data_processing writes locally
-    local = not remote(args.data)
-    if args.data != "demo" and not isdir(
-        args.data if local else os.path.join(args.data, "csv_file")
-    ):
-        raise UsageError(no_data_folder(args.data))
-    if args.data != "demo" and (not local or os.path.isdir(os.path.join(args.data, "csv_file"))):
+    local = not remote(args.data)  # a URL of another scheme: refused here, named
+    if args.data != "demo" and isdir(os.path.join(args.data, "csv_file")):
         return args.data
+    if args.data != "demo" and not (local and os.path.isdir(args.data)):
+        raise UsageError(no_data_folder(args.data))
     flags.require(f"--data {args.data}", "data_processing")
     from data_processing import prepare  # needed only to build or convert a PNG set
 
@@ -759,7 +757,16 @@ def build_loaders(args, world, root, ckpt, log):
     )
     check_mask_values(args, world, root, splits)
     train_loader = segment_iterator(train_pipe)
-    log_data(args, log, root, train_pipe, len(train_imgs), len(val_imgs))
+    log(
+        {
+            "type": "start",
+            "output_dir": log.dir,
+            "data": root,
+            "train_samples": len(train_imgs),
+            "val_samples": len(val_imgs),
+            "channels": train_pipe.channels,
+        }
+    )
     # what the run reads, for the checkpoints the main process writes; scoring one needs none
     on_main = world.main and not args.evaluate
     return RunData(
@@ -815,19 +822,6 @@ def train_loader(args, world, dali_states, first_epoch, root):
     return segment_iterator(train_pipeline(args, world, dali_states, first_epoch, imgs, lbls))
 
 
-def log_data(args, log, root, train_pipe, num_samples, val_samples):
-    log(
-        {
-            "type": "start",
-            "output_dir": log.dir,
-            "data": root,
-            "train_samples": num_samples,
-            "val_samples": val_samples,
-            "channels": train_pipe.channels,
-        }
-    )
-
-
 def check_files(args, world, splits):
     """Each split's files as DALI must find them, from their headers (check_segmentation_files),
     and this process's share of float images free of NaN and infinity: DALI reads them unchecked."""
@@ -841,14 +835,14 @@ def check_mask_values(args, world, root, splits):
     """Each process reads its share of the masks: a class index beyond the model's is an error
     (--ignore-index's value aside), and so are training masks that hold no class but the
     background: nothing to learn (with --ignore-index 255 on binary masks of 0 and 255, say)."""
+    largest = max(1, args.num_classes - 1)
     for split, (_, lbls) in splits.items():
-        largest, mine = max(1, args.num_classes - 1), lbls[world.rank :: world.size]
+        mine = lbls[world.rank :: world.size]
         found, foreground = scan_masks(mine, largest, args.workers, args.ignore_index)
         if found:
+            expected = f"below --num-classes {args.num_classes}"
             if args.num_classes == 1:
                 expected = "0 or 1 (binary, --num-classes 1; a PNG root reads 255 as 1)"
-            else:
-                expected = f"below --num-classes {args.num_classes}"
             raise DataError(
                 f"{found[0]}: mask holds class {found[1]}; expected values {expected}, or "
                 f"--ignore-index {found[1]} if that value marks pixels to leave out"
