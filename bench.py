@@ -51,6 +51,8 @@ from contextlib import contextmanager
 from datetime import datetime
 from functools import partial
 
+from outputs import file_to_write
+
 SEED = 0
 NUM_CLASSES = 16
 SIDE_RANGE = (400, 500)  # ImageNet's typical image side, in pixels
@@ -249,6 +251,7 @@ def parse_args(argv=None):
     p.add_argument(
         "--json",
         metavar="PATH",
+        type=file_to_write,
         default="bench.json",
         help="where to write the results (default: bench.json)",
     )

@@ -5,6 +5,7 @@ shard indexes, prepared data, predictions), and a job of minutes says how far it
 time, so that a terminal and a cluster log read the same.
 """
 
+import argparse
 import contextlib
 import os
 import secrets
@@ -65,3 +66,16 @@ def atomic_temp_pattern(name):
     ``name`` matches: what a killed writer leaves behind (an older version's names had no random
     part)."""
     return rf"\.{name}\.\d+(-[0-9a-f]+)?\.partial"
+
+
+def file_to_write(text):
+    """An argparse type for a file a script writes once its work is done (bench.py's and share.py's
+    --json): a folder, or a file in a folder that does not exist, is refused before the work starts,
+    not after it, with its results lost."""
+    if os.path.isdir(text):
+        raise argparse.ArgumentTypeError(
+            f"{text} is a folder; expected a file name, such as {os.path.join(text, 'bench.json')}"
+        )
+    if not os.path.isdir(os.path.dirname(os.path.abspath(text))):
+        raise argparse.ArgumentTypeError(f"{text}: its folder does not exist; make it first")
+    return text

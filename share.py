@@ -24,6 +24,8 @@ import subprocess
 import sys
 import tempfile
 
+from outputs import file_to_write
+
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -31,7 +33,9 @@ def parse_args(argv=None):
     p.add_argument("--skip", type=int, default=1, help="epochs whose windows are not counted")
     p.add_argument("--min-seconds", type=float, default=20.0, help="timed steps a run needs")
     p.add_argument("--variant", action="append", default=[], help="flags added to the trainer's")
-    p.add_argument("--json", help="every run's rate, and the shares, into this file")
+    p.add_argument(
+        "--json", type=file_to_write, help="every run's rate, and the shares, into this file"
+    )
     p.add_argument("trainer", nargs=argparse.REMAINDER, help="the trainer and its flags")
     args = p.parse_args(argv)
     args.trainer = args.trainer[1:] if args.trainer[:1] == ["--"] else args.trainer

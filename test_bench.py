@@ -257,3 +257,21 @@ def test_share_refuses_fewer_than_three_runs():
     )  # fmt: skip
     assert proc.returncode == 2
     assert "error: expected --runs 3 or more and a trainer with its flags after --" in proc.stderr
+
+
+@pytest.mark.parametrize("script", ["bench.py", "share.py"])
+def test_json_into_a_folder_or_a_missing_folder_is_refused_before_measuring(tmp_path, script):
+    """--json is written once the measuring is done: a path that cannot take the file is refused
+    at once, not after the runs, with their results lost."""
+    trainer = ["--runs", "3", "--", "train_classify.py"] if script == "share.py" else []
+    for path, expected in [
+        (tmp_path, f"{tmp_path} is a folder; expected a file name, such as "),
+        (tmp_path / "none" / "r.json", f"{tmp_path / 'none' / 'r.json'}: its folder does not"),
+    ]:
+        proc = subprocess.run(
+            [sys.executable, script, "--json", str(path), *trainer],
+            cwd=REPO, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert proc.returncode == 2, proc.stderr
+        assert f"argument --json: {expected}" in proc.stderr.splitlines()[-1]
+        assert os.listdir(tmp_path) == [], "nothing measured, nothing written"
