@@ -1061,7 +1061,7 @@ def seg_startup(args):
         built = time.perf_counter()
         next(iter(segment_iterator(pipe)))
         log(
-            f"{args.seg_startup} pairs, {attempt}: header check {checked - start:.2f} s, pipeline (checks again) "
+            f"{args.seg_startup} pairs, {attempt}: header check {checked - start:.2f} s, pipeline (the first pair's headers) "
             f"{built - checked:.2f} s, DALI build + first batch {time.perf_counter() - built:.2f} s"
         )
         del pipe
