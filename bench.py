@@ -51,7 +51,7 @@ from contextlib import contextmanager
 from datetime import datetime
 from functools import partial
 
-from outputs import file_to_write
+from outputs import atomic_open, file_to_write, progress
 
 SEED = 0
 NUM_CLASSES = 16
@@ -341,7 +341,6 @@ from torchvision.datasets import ImageFolder
 
 from data_sources import check_segmentation_files, decoded_size, list_image_folder
 from make_shards import make_shards
-from outputs import atomic_open, progress
 from pipelines import (
     CACHED_HW_DECODER_LOAD,
     DEFAULT_HW_DECODER_LOAD,
