@@ -26,6 +26,7 @@ from torchvision.datasets import ImageFolder
 
 import data_sources
 import outputs
+import pipelines
 from conftest import (
     CLASSES,
     FORMATS,
@@ -484,6 +485,8 @@ def test_a_tree_read_alone_is_read_as_the_trainers_checked_one(split_root):
         assert alone.num_samples == (3 * PER_CLASS + 1 if pipeline is ClassifyTrainPipeline else 4)
         batches = [first_batches(classify_iterator(pipe), 8) for pipe in pipes]
         assert same_batches(*batches)
+    # the two lists of ImageFolder's extensions, one in each file so that either reads alone
+    assert pipelines.IMG_EXTENSIONS == data_sources.IMG_EXTENSIONS
 
 
 def test_val_class_unknown_to_train_is_an_error(split_root):
