@@ -18,6 +18,7 @@ shape the model (SCORED_AS_TRAINED) and may score at other sizes (RESCORABLE).
 
 import argparse
 import dataclasses
+import hashlib
 import math
 import os
 import sys
@@ -25,7 +26,7 @@ import warnings
 
 import torch
 
-from training import RunComplete, Start, UsageError, learning_rate, make_scheduler
+from training import COMPILE_CACHE, RunComplete, Start, UsageError, learning_rate, make_scheduler
 
 # What a checkpoint must hold to be resumed, or only scored (--evaluate, --predict).
 TO_RESUME = (
@@ -386,6 +387,8 @@ def restore(ckpt, args, world, state, data, log, build):
         f"resumed from {args.resume}: epoch {start.epoch}, after step {start.step} of {data.steps}",
     )
     log_new_shape(ckpt, args, world, start.step, log)
+    if args.compile:
+        load_compile_cache(os.path.dirname(args.resume), log)
     if schedule:
         follow_schedule(ckpt, args, state, data.steps, schedule, log)
     if args.loader == "dali" and ckpt["world_size"] != world.size and start.step:
@@ -394,6 +397,23 @@ def restore(ckpt, args, world, state, data, log, build):
         last = ckpt.get("global_step", math.inf)
         log.keep = lambda r: not logged_after(r, last)
     return start
+
+
+def load_compile_cache(run_dir, log):
+    """The run's torch.compile work (training.save_compile_cache) put into this node's cache, so
+    the first step finds its graphs compiled. A damaged file is left out and replaced at the next
+    checkpoint; one of another torch or GPU is never used: its entries' keys do not match."""
+    path = os.path.join(run_dir, COMPILE_CACHE)
+    try:
+        with open(path, "rb") as f:
+            digest, artifacts = f.read(32), f.read()
+    except FileNotFoundError:
+        return  # a run of an eager start, or saved before the compile
+    if hashlib.sha256(artifacts).digest() != digest:
+        log({"type": "compile_cache", "path": path, "used": False}, f"{path}: damaged, not used")
+        return
+    torch.compiler.load_cache_artifacts(artifacts)
+    log({"type": "compile_cache", "path": path, "used": True})
 
 
 def check_fits(ckpt, args, data, world):

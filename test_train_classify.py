@@ -6,6 +6,7 @@ it."""
 import argparse
 import csv
 import fcntl
+import hashlib
 import json
 import math
 import os
@@ -258,6 +259,37 @@ def test_a_gpu_run_compiles_by_default():
     args = train_classify.parse_args(["--data", "x"])
     training.setup(args)
     assert args.compile is True
+
+
+def test_a_resume_on_a_node_with_an_empty_compile_cache_loads_the_runs_compiled_graphs(tmp_path):
+    """A compiled run keeps torch.compile's work beside its checkpoint (compile-cache.bin); a
+    resume whose node's own cache is empty (a requeue elsewhere: here another
+    TORCHINDUCTOR_CACHE_DIR) finds its graphs compiled. A damaged copy is said and not used, and
+    the next checkpoint writes a whole one."""
+    root = tiny_imagefolder(str(tmp_path / "d"), per_class=4)
+    out = str(tmp_path / "run")
+
+    def node(name):  # a node's own compile cache
+        return {**CPU_ENV, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / name)}
+
+    tiny_run(root, out, "--compile", "--epochs", "1", env=node("a"))
+    saved = os.path.join(out, "compile-cache.bin")
+    assert records(out, "compile")[0]["cache_hits"] == 0  # a cold cache: compiled from scratch
+    ckpt = os.path.join(out, "checkpoint.pth")
+    run("--data", root, "--resume", ckpt, "--compile", "--epochs", "2", env=node("b"))
+    assert [(r["path"], r["used"]) for r in records(out, "compile_cache")] == [(saved, True)]
+    assert records(out, "compile")[-1]["cache_hits"] >= 1
+    with open(saved, "r+b") as f:  # a byte of the artifacts flipped
+        f.seek(40)
+        byte = f.read(1)
+        f.seek(40)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    proc = run("--data", root, "--resume", ckpt, "--compile", "--epochs", "3", env=node("c"))
+    assert f"{saved}: damaged, not used" in proc.stdout
+    assert records(out, "compile")[-1]["cache_hits"] == 0
+    with open(saved, "rb") as f:  # rewritten whole with the third epoch's checkpoint
+        digest, artifacts = f.read(32), f.read()
+    assert hashlib.sha256(artifacts).digest() == digest
 
 
 def test_a_compiled_run_resumes_exactly_and_its_checkpoint_predicts_and_gives_weights(tmp_path):

@@ -757,6 +757,8 @@ class Checkpoints:
             ckpt.update(loader.as_saved(ckpt, states))
         for name in ("checkpoint.pth", "best.pth") if is_best else ("checkpoint.pth",):
             write_checkpoint(ckpt, os.path.join(self.run.dir, name))
+        if self.args.compile:
+            save_compile_cache(self.run.dir)
         if step < self.data.steps:  # the epoch's end says so in its own line
             self.log_saved(epoch, step, ckpt["global_step"])
         return os.path.join(self.run.dir, "checkpoint.pth")
@@ -831,6 +833,22 @@ def write_checkpoint(ckpt, path):
     killed, and a full disk ends the run in run_main's line naming ``path``."""
     with naming(path), atomic_open(path) as f:
         torch.save(ckpt, f)
+
+
+# torch.compile's work, kept with the checkpoint: the compiled graphs and their kernels
+# (torch.compiler's cache artifacts), behind a SHA-256 of them.
+COMPILE_CACHE = "compile-cache.bin"
+
+
+def save_compile_cache(run_dir):
+    """What this process compiled, beside its checkpoint: a resume on a node whose own cache (a
+    local temp folder) is empty, a requeue elsewhere on a cluster, loads it
+    (resume.load_compile_cache) instead of compiling again."""
+    artifacts = torch.compiler.save_cache_artifacts()  # all of this process's, or None
+    if artifacts is not None:
+        path = os.path.join(run_dir, COMPILE_CACHE)
+        with naming(path), atomic_open(path) as f:
+            f.write(hashlib.sha256(artifacts[0]).digest() + artifacts[0])
 
 
 @contextlib.contextmanager
@@ -967,6 +985,8 @@ class StepLog:
                 "type": "compile",
                 "seconds": seconds,
                 "mode": self.args.compile_mode,
+                # graphs found compiled in torch's cache: a warm node's, or the run's own
+                "cache_hits": torch._dynamo.utils.counters["inductor"]["fxgraph_cache_hit"],
                 "epoch": epoch,
                 "step": step,
                 "global_step": global_step,
