@@ -37,7 +37,7 @@ for round in 1 2 3; do
     dir=$run; [ $kind = without ] && dir=$run-without
     python3 -c "import json, sys
 r = [json.loads(l) for l in open('$dir/metrics.jsonl')]
-c = [x for x in r if x['type'] == 'compile'][-1]
+c = [x for x in r if x['type'] == 'compile'][0 if '$kind' == 'fresh' else -1]
 print('$kind', $round, round(c['seconds'], 1), c['cache_hits'], sep='\t')" | tee -a "$out/first-steps.tsv"
   done
 done
