@@ -262,10 +262,8 @@ def norm_decay_groups(model, params, args):
 
 def make_scheduler(optimizer, args, steps_per_epoch):
     """The lr of every step, torch's schedulers composed as torchvision's reference composes them:
-    warm-up over --lr-warmup-epochs from --lr-warmup-decay x lr (a linear ramp or constant), then
-    cosine to --lr-min, step (x --lr-gamma every --lr-step-size epochs), exponential (x --lr-gamma
-    every epoch) or poly ((1 - t/T) ** 0.9). At each epoch's start the lr is that of torchvision's
-    schedulers stepped once an epoch."""
+    after --lr-warmup-epochs (warmed_up), cosine to --lr-min, step (x --lr-gamma every
+    --lr-step-size epochs), exponential (x --lr-gamma every epoch) or poly ((1 - t/T) ** 0.9)."""
     sched = torch.optim.lr_scheduler
     warmup = int(args.lr_warmup_epochs * steps_per_epoch)
     length = max(1, args.epochs * steps_per_epoch - warmup)
@@ -277,8 +275,13 @@ def make_scheduler(optimizer, args, steps_per_epoch):
         main = sched.StepLR(optimizer, steps_per_epoch, gamma=args.lr_gamma)
     else:
         main = sched.PolynomialLR(optimizer, total_iters=length, power=0.9)
-    if warmup == 0:
-        return main
+    return warmed_up(optimizer, main, warmup, args) if warmup else main
+
+
+def warmed_up(optimizer, main, warmup, args):
+    """``main`` after ``warmup`` steps from --lr-warmup-decay x lr (a linear ramp or constant). At
+    each epoch's start the lr is that of torchvision's schedulers stepped once an epoch."""
+    sched = torch.optim.lr_scheduler
     start = args.lr_warmup_decay  # the share of the lr the warm-up starts at; timm's --warmup-lr:
     if getattr(args, "warmup_lr", None) is not None:  # that rate itself
         start = args.warmup_lr / optimizer.param_groups[0]["initial_lr"]
