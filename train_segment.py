@@ -840,22 +840,31 @@ def check_mask_values(args, world, root, splits):
         mine = lbls[world.rank :: world.size]
         found, foreground = scan_masks(mine, largest, args.workers, args.ignore_index)
         if found:
-            expected = f"below --num-classes {args.num_classes}"
-            if args.num_classes == 1:
-                expected = "0 or 1 (binary, --num-classes 1; a PNG root reads 255 as 1)"
-            raise DataError(
-                f"{found[0]}: mask holds class {found[1]}; expected values {expected}, or "
-                f"--ignore-index {found[1]} if that value marks pixels to leave out"
-            )
+            raise class_beyond_model(args, *found)
         if split == "train":
             (learned,) = training.all_reduce_sum([foreground], world.device)
-    if learned:
-        return
+    if not learned:
+        raise nothing_to_learn(args, root)
+
+
+def class_beyond_model(args, path, value):
+    """check_mask_values' error for a mask at ``path`` holding class ``value``."""
+    expected = f"below --num-classes {args.num_classes}"
+    if args.num_classes == 1:
+        expected = "0 or 1 (binary, --num-classes 1; a PNG root reads 255 as 1)"
+    return DataError(
+        f"{path}: mask holds class {value}; expected values {expected}, or --ignore-index "
+        f"{value} if that value marks pixels to leave out"
+    )
+
+
+def nothing_to_learn(args, root):
+    """check_mask_values' error for training masks that hold only the background."""
     if args.ignore_index is None:
-        raise DataError(
+        return DataError(
             f"{root}: no training mask holds a class above the background (0): nothing to learn"
         )
-    raise DataError(
+    return DataError(
         f"{root}: no training mask holds a class above the background once --ignore-index "
         f"{args.ignore_index} is left out: nothing to learn; for binary masks of 0 and "
         f"{args.ignore_index}, pass no --ignore-index (a PNG root then reads {args.ignore_index} "
