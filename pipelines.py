@@ -170,22 +170,29 @@ class _ClassifyPipeline(Pipeline):
 
     def place_decoder(self, device_id, decode):
         """Where the decoder and the operators after it run, and the decoder's arguments: all on
-        the CPU without a GPU; on one, the operators on the GPU, the decoder there ("mixed": its
-        hardware decoder takes ``hw_decoder_load`` of the JPEGs) or on DALI's threads ("cpu": no
-        decoding kernel beside the model's, results/README.md). ``decoder_cache`` (MB, on a GPU):
-        whole images decoded once into DALI's GPU cache, where the next epochs find them; a
-        per-process cache needs each process to keep its shard every epoch (stick_to_shard)."""
+        the CPU without a GPU; on one, as ``place_on_gpu`` says."""
         decoder = choice("decoder", decode.decoder, {"mixed": "mixed", "cpu": "cpu"})
-        self.cached = device_id is not None and decode.decoder_cache is not None
+        self.cached = False
+        self.decoder_device, self.device = "cpu", "cpu"
+        # EXIF orientation is not applied, as torchvision's PIL loader does not apply it.
+        self.decoder_args = dict(adjust_orientation=False)
+        if device_id is not None:
+            self.place_on_gpu(decoder, decode)
+
+    def place_on_gpu(self, decoder, decode):
+        """The operators on the GPU, the decoder there ("mixed": its hardware decoder takes
+        ``hw_decoder_load`` of the JPEGs) or on DALI's threads ("cpu": no decoding kernel beside the
+        model's, results/README.md). ``decoder_cache`` (MB): whole images decoded once into DALI's
+        GPU cache, where the next epochs find them; a per-process cache needs each process to keep
+        its shard every epoch (stick_to_shard)."""
+        self.cached = decode.decoder_cache is not None
         if self.cached and decoder == "cpu":
             raise ValueError(
                 "decoder_cache needs decoder='mixed' (DALI caches what its GPU decoder decodes), "
                 "got decoder='cpu'"
             )
-        self.decoder_device, self.device = ("cpu", "cpu") if device_id is None else (decoder, "gpu")
-        # EXIF orientation is not applied, as torchvision's PIL loader does not apply it.
-        self.decoder_args = dict(adjust_orientation=False)
-        if self.decoder_device == "mixed":
+        self.decoder_device, self.device = decoder, "gpu"
+        if decoder == "mixed":
             load = CACHED_HW_DECODER_LOAD if self.cached else DEFAULT_HW_DECODER_LOAD
             self.decoder_args.update(
                 hw_decoder_load=load if decode.hw_decoder_load is None else decode.hw_decoder_load,
@@ -311,13 +318,8 @@ class ClassifyTrainPipeline(_ClassifyPipeline):
             random_aspect_ratio=list(random_aspect_ratio),
             num_attempts=CROP_ATTEMPTS,
         )
-        if self.cached:  # the whole image, cached, then the random crop of it on the GPU
-            self.decode = ops.decoders.Image(
-                device="mixed", output_type=types.RGB, **self.decoder_args
-            )
-            self.crop = ops.RandomResizedCrop(
-                device="gpu", size=size, **crop, interp_type=types.INTERP_TRIANGULAR, antialias=True
-            )
+        if self.cached:
+            self.build_cached_crop(size, crop)
         else:  # decoding only the random crop's window saves work on large images
             self.decode = ops.decoders.ImageRandomCrop(
                 device=self.decoder_device, output_type=types.RGB, **crop, **self.decoder_args
@@ -326,6 +328,13 @@ class ClassifyTrainPipeline(_ClassifyPipeline):
             self.build_epoch_resize()
         elif not self.cached:
             self.resize = antialiased_resize(self.device_id, self.num_threads, size)
+
+    def build_cached_crop(self, size, crop):
+        # the whole image, cached, then the random crop of it on the GPU
+        self.decode = ops.decoders.Image(device="mixed", output_type=types.RGB, **self.decoder_args)
+        self.crop = ops.RandomResizedCrop(
+            device="gpu", size=size, **crop, interp_type=types.INTERP_TRIANGULAR, antialias=True
+        )
 
     def build_epoch_resize(self):
         # The size comes into the graph as an input read every batch, not as an operator's fixed
@@ -579,13 +588,21 @@ class _SegmentImagePipeline(Pipeline):
     def build_normalize(self, image, mean, std):
         if (mean is None) != (std is None):
             raise ValueError(f"give both mean and std, or neither (got mean={mean}, std={std})")
-        if mean is None and self.channels == 3 and image[1] == np.uint8:
-            mean, std = IMAGENET_MEAN, IMAGENET_STD
-        if mean is None:
+        if mean is not None:
+            mean, std = self.checked_mean_std(mean, std)
+        elif self.channels == 3 and image[1] == np.uint8:
+            mean, std = list(IMAGENET_MEAN), list(IMAGENET_STD)
+        else:
             self.channel_min = ops.reductions.Min(device=self.device, axes=[1, 2], keep_dims=True)
             self.standardize = ops.Normalize(device=self.device, axes=[1, 2], dtype=types.FLOAT)
             self.normalize = self.normalize_each_image
             return
+        self.normalize = ops.CropMirrorNormalize(
+            device=self.device, dtype=types.FLOAT, output_layout="CHW", mean=mean, std=std
+        )
+
+    def checked_mean_std(self, mean, std):
+        """The caller's ``mean`` and ``std`` as lists of floats, or a ValueError."""
         mean = np.atleast_1d(mean).astype(float).tolist()
         std = np.atleast_1d(std).astype(float).tolist()
         if not (np.isfinite(mean + std).all() and min(std) > 0):
@@ -595,9 +612,7 @@ class _SegmentImagePipeline(Pipeline):
                 f"mean and std need 1 or {self.channels} values each (the images have "
                 f"{self.channels} channels), got mean={mean}, std={std}"
             )
-        self.normalize = ops.CropMirrorNormalize(
-            device=self.device, dtype=types.FLOAT, output_layout="CHW", mean=mean, std=std
-        )
+        return mean, std
 
     def normalize_each_image(self, image):
         # Each channel is shifted to start at 0 first: that changes nothing after standardizing, but
@@ -753,12 +768,21 @@ class Augmentations:
     scale_range: tuple = None  # torchvision's scale augmentation; None: off
     mask_pad: int = 0  # what pads a scaled mask where it came out smaller than ``size``
 
-    def check(self):
-        """A ValueError naming the first probability or range out of its bounds."""
+    def check(self, mask_type):
+        """A ValueError naming the first probability or range out of its bounds, or a ``mask_pad``
+        that masks of ``mask_type`` cannot hold."""
         for name in ("flip_p", "noise_p", "blur_p", "brightness_p", "contrast_p"):
             probability(name, getattr(self, name))
         for name in ("noise_std", "blur_sigma", "brightness", "contrast"):
             value_range(name, getattr(self, name))
+        lowest, highest = (0, 255) if mask_type == types.UINT8 else (-(2**31), 2**31 - 1)
+        if not (
+            isinstance(self.mask_pad, (int, np.integer)) and lowest <= self.mask_pad <= highest
+        ):
+            raise ValueError(
+                f"mask_pad must be a whole number in [{lowest}, {highest}] (what the masks hold), "
+                f"got {self.mask_pad!r}"
+            )
 
 
 class SegmentTrainPipeline(SegmentValPipeline):
@@ -782,14 +806,15 @@ class SegmentTrainPipeline(SegmentValPipeline):
     def __init__(self, batch_size, num_threads, device_id, imgs, lbls, **kwargs):
         augment = settings(Augmentations, kwargs)
         super().__init__(batch_size, num_threads, device_id, imgs, lbls, **kwargs)
-        augment.check()
+        augment.check(self.mask_type)
         # the options that decide which steps define_graph wires
         self.graph = dict(scale_range=augment.scale_range is not None)
         coin = functools.partial(ops.random.CoinFlip, dtype=types.BOOL)
         # (vertical, horizontal)
         self.flip_coins = ops.random.CoinFlip(probability=augment.flip_p, shape=[2])
         self.as_float = ops.Cast(dtype=types.FLOAT)
-        self.build_scale(augment.scale_range, augment.mask_pad)
+        if self.graph["scale_range"]:
+            self.build_scale(augment.scale_range, augment.mask_pad)
         self.noise_coin = coin(probability=augment.noise_p)
         self.build_noise(augment.noise_std)
         self.blur_coin = coin(probability=augment.blur_p)
@@ -809,14 +834,6 @@ class SegmentTrainPipeline(SegmentValPipeline):
         self.merge = ops._conditional.Merge(device=self.device)
 
     def build_scale(self, scale_range, mask_pad):
-        lowest, highest = (0, 255) if self.mask_type == types.UINT8 else (-(2**31), 2**31 - 1)
-        if not (isinstance(mask_pad, (int, np.integer)) and lowest <= mask_pad <= highest):
-            raise ValueError(
-                f"mask_pad must be a whole number in [{lowest}, {highest}] (what the masks hold), "
-                f"got {mask_pad!r}"
-            )
-        if scale_range is None:
-            return
         value_range("scale_range", scale_range, positive=True)
         low, high = (float(v) for v in scale_range)
         # DALI's range must not be empty: low == high is the one value
@@ -1248,15 +1265,20 @@ def antialiased_resize(device_id, num_threads, size):
     DALI's on a GPU; on the CPU torch's (``resize_with_torch``), the same filter and faster than
     DALI's CPU one (results/README.md). ``size`` None: a function ``(images, sizes)`` resizing each
     image to its sample of ``sizes``, (height, width) float32 on the CPU."""
-    if device_id is None:
-        pool = torch_threads(num_threads)
+    if device_id is not None:
+        return gpu_resize(size)
+    pool = torch_threads(num_threads)
 
-        def resize(images, sizes=None):
-            return resize_with_torch(pool, num_threads, size, True, images, sizes=sizes)
+    def resize(images, sizes=None):
+        return resize_with_torch(pool, num_threads, size, True, images, sizes=sizes)
 
-        return ops.PythonFunction(
-            function=resize, num_outputs=1, batch_processing=True, output_layouts="CHW"
-        )
+    return ops.PythonFunction(
+        function=resize, num_outputs=1, batch_processing=True, output_layouts="CHW"
+    )
+
+
+def gpu_resize(size):
+    """antialiased_resize's on a GPU: DALI's."""
     if size is None:
         resize = ops.Resize(device="gpu", interp_type=types.INTERP_TRIANGULAR, antialias=True)
         return lambda images, sizes: resize(images, size=sizes)
