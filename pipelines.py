@@ -155,12 +155,7 @@ class _ClassifyPipeline(Pipeline):
         self.place_decoder(device_id, decode)
         reader = reading.reader or default_reader(data_dir, reading)
         self.read = reader(
-            data_dir,
-            reading,
-            batch_size=batch_size,
-            shuffle=self.shuffle,
-            stick_to_shard=self.cached,
-            skip_cached_images=bool(self.cached and decode.decoder_cache),
+            data_dir, reading, batch_size=batch_size, shuffle=self.shuffle, **self.cache_reading
         )
         self.layout, self.files, self.classes = self.read.layout, self.read.files, self.read.classes
         self.num_classes, self.num_samples = self.read.num_classes, self.read.num_samples
@@ -176,6 +171,7 @@ class _ClassifyPipeline(Pipeline):
         self.decoder_device, self.device = "cpu", "cpu"
         # EXIF orientation is not applied, as torchvision's PIL loader does not apply it.
         self.decoder_args = dict(adjust_orientation=False)
+        self.cache_reading = dict(stick_to_shard=False, skip_cached_images=False)  # the reader's
         if device_id is not None:
             self.place_on_gpu(decoder, decode)
 
@@ -202,6 +198,8 @@ class _ClassifyPipeline(Pipeline):
         if self.cached:
             cache = dict(cache_size=decode.decoder_cache, cache_type="threshold", cache_threshold=0)
             self.decoder_args.update(cache)
+            skip = bool(decode.decoder_cache)  # images already in the cache: not read again
+            self.cache_reading = dict(stick_to_shard=True, skip_cached_images=skip)
 
     def decoded(self, jpegs):
         """``jpegs`` decoded, on the device of the operators after the decoder."""
@@ -457,12 +455,8 @@ class ClassifyValPipeline(_ClassifyPipeline):
 
 def classify_iterator(pipe):
     """One pass over the pipeline's shard per epoch: ``batch[0]["data"]``, ``batch[0]["label"]``.
-
-    Training batches are always full: the reader pads its shard with a few distinct samples of its
-    own, repeated, so every rank runs the same number of full batches, never one of a single sample
-    (BatchNorm needs more), and trains on those few samples twice. Validation batches drop the
-    padding: every sample is seen exactly once.
-    """
+    Training batches are full, as many on every rank, never of one sample (BatchNorm needs more):
+    the reader repeats a few samples (``repeats``); validation's drop its padding."""
     with warnings.catch_warnings():
         # --ra-sampler's epochs are counted by size, which DALI warns of as if a reader's shard
         warnings.filterwarnings("ignore", "Please set `reader_name`")
@@ -521,11 +515,9 @@ class ImageFolderReader:
 
 
 def file_reader(files, labels, reading, batch_size, shuffle, **file_args):
-    """DALI's file reader over image ``files`` and their ``labels``: shard ``reading.shard_id`` of
-    ``reading.num_shards``, each shard's last batch padded (the validation iterator drops the
-    padding); a training reader (``shuffle``) reads a few distinct samples twice (``repeats``) so
-    that every shard holds whole batches. ``file_args``: ``stick_to_shard``,
-    ``skip_cached_images``."""
+    """DALI's file reader over image ``files`` and their ``labels``, sharded as ``reading`` says,
+    each shard's last batch padded; a training reader (``shuffle``) reads a few distinct samples
+    twice (``repeats``) so that every shard holds whole batches."""
     extra = extra_samples(len(files), reading.num_shards, batch_size) if shuffle else 0
     return ops.readers.File(
         files=files + repeats(files, extra),
@@ -715,20 +707,24 @@ class SegmentValPipeline(_SegmentImagePipeline):
         self.mask_hwc = ops.Reshape(device=self.device, src_dims=hwc_dims(shape), layout="HWC")
         # moves no data
         self.mask_chw = ops.Reshape(device=self.device, src_dims=[2, 0, 1], layout="CHW")
-        # DALI's Resize reads uint8, int16, uint16 and float32: other masks (np.argmax gives int64)
-        # are resized as float32, exact for class values below 2**24, and handed out as int32. A
-        # cast to the type a mask already has would only copy it, so uint8 masks skip both.
+        # A cast to the type a mask already has would only copy it: uint8 masks skip both casts.
         self.mask_to_resize = self.mask_to_output = unchanged
-        self.mask_type = types.UINT8 if dtype in (np.uint8, np.bool_) else types.INT32
+        self.mask_type = types.UINT8
         if dtype != np.uint8:
-            resized = types.UINT8 if dtype == np.bool_ else types.FLOAT
-            self.mask_to_resize = ops.Cast(device=self.device, dtype=resized)
-        if self.mask_type == types.INT32:
-            self.mask_to_output = ops.Cast(device=self.device, dtype=types.INT32)
+            self.build_mask_casts(dtype)
         # Nearest neighbour: a mask keeps exactly its class values.
         self.resize_mask = roi_resize(self.device, types.INTERP_NN, size)
         # own_size_masks: a batch of masks of several sizes, made one tensor that PyTorch can take
         self.pad_mask = ops.Pad(device=self.device, axes=[0, 1], fill_value=0)
+
+    def build_mask_casts(self, dtype):
+        # DALI's Resize reads uint8, int16, uint16 and float32: other masks (np.argmax gives int64)
+        # are resized as float32, exact for class values below 2**24, and handed out as int32.
+        resized = types.UINT8 if dtype == np.bool_ else types.FLOAT
+        self.mask_to_resize = ops.Cast(device=self.device, dtype=resized)
+        if dtype != np.bool_:
+            self.mask_type = types.INT32
+            self.mask_to_output = ops.Cast(device=self.device, dtype=types.INT32)
 
     def define_graph(self):
         image, own = self.read()
@@ -907,14 +903,9 @@ class SegmentTrainPipeline(SegmentValPipeline):
 
 def segment_iterator(pipe):
     """Batches of a segmentation pipeline as PyTorch tensors: ``batch[0]["image"]``,
-    ``batch[0]["mask"]``.
-
-    A validation pipeline yields every sample of its shard exactly once per epoch (the last batch
-    partial); with ``own_size_masks`` also ``batch[0]["own_mask"]`` and ``batch[0]["own_size"]``.
-    A training pipeline yields full batches only, the same number on every shard, the last one
-    filled with repeats of the shard's own samples: under DDP every rank takes the same number of
-    steps, on real data.
-    """
+    ``batch[0]["mask"]`` (with ``own_size_masks`` also ``"own_mask"`` and ``"own_size"``), every
+    validation sample once an epoch; training batches full and as many on every shard (see the
+    pipelines' ``last_batch_policy``), so under DDP every rank takes as many steps, on real data."""
     names = ["image", "mask"] + (["own_mask", "own_size"] if pipe.own_size_masks else [])
     policy = dict(last_batch_policy=pipe.last_batch_policy, auto_reset=True)
     return DALIGenericIterator(pipe, names, reader_name="ReaderX", **policy)
