@@ -303,12 +303,10 @@ def make_model(args, num_classes):
 
 
 def get_mixup_cutmix(args, num_classes):
-    """torchvision's MixUp and/or CutMix on the batch (one of the two, at random, when both are
-    on)."""
+    """--mixup-alpha, --cutmix-alpha: torchvision's MixUp and/or CutMix on the batch (one of the
+    two, at random, when both are on)."""
     alphas = ((v2.MixUp, args.mixup_alpha), (v2.CutMix, args.cutmix_alpha))
     transforms = [t(alpha=alpha, num_classes=num_classes) for t, alpha in alphas if alpha > 0]
-    if not transforms:
-        return None
     return v2.RandomChoice(transforms) if len(transforms) > 1 else transforms[0]
 
 
@@ -392,7 +390,9 @@ def main(args):
         make_model(args, len(data.classes)), args, world, data.steps, log
     )
     criterion = torch.nn.CrossEntropyLoss(label_smoothing=args.label_smoothing)
-    mixup_cutmix = get_mixup_cutmix(args, len(data.classes))
+    mixup_cutmix = None
+    if args.mixup_alpha or args.cutmix_alpha:
+        mixup_cutmix = get_mixup_cutmix(args, len(data.classes))
     # a new run's first step, or its checkpoint's next
     start = restore(ckpt, args, world, state, data, log) if ckpt else training.Start()
     log.begin()  # every check has passed: from here the run folder changes
