@@ -319,6 +319,11 @@ class TorchvisionSegmentation(nn.Module):
 def make_model(args, in_channels):
     if args.arch == "unet":
         return UNet(in_channels, args.num_classes, args.unet_width)
+    return torchvision_model(args)
+
+
+def torchvision_model(args):
+    """--arch's torchvision model, its backbone's --weights-backbone downloaded by torchvision."""
     try:
         return TorchvisionSegmentation(
             args.arch, args.num_classes, args.aux_loss, args.weights_backbone
@@ -379,13 +384,16 @@ def make_criterion(args, device):
         ignore_index=args.ignore_index,
         class_weights=weights,
     )
-    if not args.aux_loss:
-        return loss
+    return with_aux(loss) if args.aux_loss else loss
 
-    def with_aux(outputs, masks):
+
+def with_aux(loss):
+    """--aux-loss: ``loss`` on the main output plus AUX_WEIGHT x on the auxiliary classifier's."""
+
+    def main_and_aux(outputs, masks):
         return loss(outputs["out"], masks) + AUX_WEIGHT * loss(outputs["aux"], masks)
 
-    return with_aux
+    return main_and_aux
 
 
 def kept_pixels(masks, ignore_index):
@@ -508,12 +516,8 @@ def main(args):
     world = training.setup(args, gpu_compile_mode=graphs)  # torchrun's ranks; this process's device
     if args.predict:  # the trained model on new images: no --data, no run folder
         return predict(args, world)
-    ckpt = None
-    if args.resume or args.evaluate:  # resume.py only here: a fresh run needs none of it
-        flags.require("--resume" if args.resume else "--evaluate", "resume")
-        import resume
-
-        ckpt = resume.load(args, world)  # its run's flags; --evaluate's, --resume auto's rules
+    # its run's flags; --evaluate's and --resume auto's rules (resume.py: a fresh run needs none)
+    ckpt = load_checkpoint(args, world) if args.resume or args.evaluate else None
     root = locate_data(args, world)  # builds the demo set or prepares a PNG root, or checks --data
     log = training.open_run(args, world, RUNS_DIR)  # the run folder, locked, and its log
     data = build_loaders(args, world, root, ckpt, log)  # DALI pipelines over this process's shard
@@ -525,10 +529,8 @@ def main(args):
     criterion = make_criterion(args, world.device)  # dice_ce_loss as the flags set it
     if args.arch != "unet" and args.size < SMALLEST_INPUT:
         log_coarse_features(args, log)
-    start = training.Start()  # a new run's first step, or its checkpoint's next
-    if ckpt:
-        build = functools.partial(train_loader, root=root)
-        start = resume.restore(ckpt, args, world, state, data, log, build)
+    # a new run's first step, or its checkpoint's next
+    start = restore(ckpt, args, world, state, data, log, root) if ckpt else training.Start()
     log.begin()  # every check has passed: from here the run folder changes
     if args.evaluate:
         return score(state, data, args, world, log)
@@ -560,6 +562,22 @@ def main(args):
         if signum := stop.agree()[0]:  # a signal during the epoch's last validation batches
             stop.exit(signum, path, epoch, data.steps)
     log.close("val_dice", checkpoints.best)
+
+
+def load_checkpoint(args, world):
+    """--resume's or --evaluate's checkpoint (resume.load), or None for a fresh --resume auto."""
+    flags.require("--resume" if args.resume else "--evaluate", "resume")
+    import resume
+
+    return resume.load(args, world)
+
+
+def restore(ckpt, args, world, state, data, log, root):
+    """Where a checkpoint's run goes on (resume.restore), ``state`` loaded from it."""
+    import resume
+
+    build = functools.partial(train_loader, root=root)
+    return resume.restore(ckpt, args, world, state, data, log, build)
 
 
 def score(state, data, args, world, log):
@@ -713,12 +731,18 @@ def save_prediction(mask_path, overlay_path, source, pred, colors):
 
 
 def locate_data(args, world):
-    """The prepared root (csv_file/ inside) of --data: the demo set and PNG roots are prepared
-    first, once per node."""
-    # an s3:// prefix holds a prepared root: data_processing writes locally
+    """The prepared root (csv_file/ inside) of --data, or the demo set's or a PNG root's, prepared
+    first (prepare_data)."""
     local = not remote(args.data)  # a URL of another scheme: refused here, named
     if args.data != "demo" and isdir(os.path.join(args.data, "csv_file")):
         return args.data
+    return prepare_data(args, world, local)
+
+
+def prepare_data(args, world, local):
+    """--data demo or a ``local`` PNG root (Images/, Masks/) prepared as .npy pairs and split CSVs,
+    once per node (an s3:// prefix holds a prepared root: data_processing writes locally); any
+    other --data is refused."""
     if args.data != "demo" and not (local and os.path.isdir(args.data)):
         raise UsageError(no_data_folder(args.data))
     flags.require(f"--data {args.data}", "data_processing")
