@@ -329,13 +329,8 @@ def train_one_epoch(model, criterion, state, steps, step_log, epoch, args, mixup
         scaler.step(optimizer)
         scaler.update()
         scheduler.step()
-        # as torchvision's, from an epoch's first step: an epoch shorter than --model-ema-steps
-        # updates too
-        if model_ema is not None and (step - 1) % args.model_ema_steps == 0:
-            model_ema.update_parameters(model)
-            if epoch <= args.lr_warmup_epochs:
-                # in warm-up the EMA copies the weights, as torchvision's
-                model_ema.n_averaged.fill_(0)
+        if model_ema is not None:
+            training.update_ema(model_ema, model, step, epoch, args)
         step_log.update(loss, len(targets))
     return step_log.epoch_loss()
 

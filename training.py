@@ -358,6 +358,16 @@ def make_model_ema(model, args, world):
     )
 
 
+def update_ema(model_ema, model, step, epoch, args):
+    """--model-ema's update after ``step`` of ``epoch``, as torchvision's: every --model-ema-steps
+    from an epoch's first step (an epoch shorter than that updates too)."""
+    if (step - 1) % args.model_ema_steps == 0:
+        model_ema.update_parameters(model)
+        if epoch <= args.lr_warmup_epochs:
+            # in warm-up the EMA copies the weights, as torchvision's
+            model_ema.n_averaged.fill_(0)
+
+
 def learning_rate(args, global_batch):
     """(the run's learning rate, where it comes from): --lr as it is, torchvision's; else timm's
     --lr-base, a rate per --lr-base-size images, scaled to the global batch as timm scales it:
