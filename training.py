@@ -549,9 +549,11 @@ class RunLog:
 
     def epoch_end(self, epoch, steps, train_loss, metrics, took):
         """The epoch's record and line: its validation ``metrics``, its train loss and time, and
-        each process's peak memory (its line the largest, in GB). Every process calls it: the
-        memory is gathered."""
-        memory = peak_memory(self.world)
+        each process's peak memory (its line the largest, in GB). Every process calls it: under
+        torchrun the memory is gathered."""
+        memory = [peak_memory(self.world)]
+        if self.world.distributed:
+            memory = gathered(memory[0], self.world)
         record = {"type": "epoch", "epoch": epoch, "train_loss": train_loss, **metrics}
         record.update(epoch_time=took, step=steps, global_step=epoch * steps, memory=memory)
         if self.main:
@@ -580,10 +582,9 @@ def render(record):
 
 
 def peak_memory(world):
-    """Each process's peak memory in bytes, in rank order, on the main process (the others get
-    None): the most host memory (RSS) it has held; on CUDA also the most torch has reserved, and
-    what the device has in use by any process or library (DALI's too). Under torchrun a gather:
-    every process calls it at the same point, once an epoch."""
+    """This process's peak memory in bytes: the most host memory (RSS) it has held; on CUDA also
+    the most torch has reserved, and what the device has in use by any process or library (DALI's
+    too)."""
     kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # the peak RSS; Linux counts in kB
     mine = {"rank": world.rank, "host_rss_peak": kb * 1024}
     if world.device.type == "cuda":
@@ -591,11 +592,14 @@ def peak_memory(world):
         mine.update(
             gpu_reserved_peak=torch.cuda.max_memory_reserved(world.device), gpu_used=total - free
         )
-    if not dist.is_initialized():
-        return [mine]
-    memory = [None] * world.size if world.main else None
-    dist.gather_object(mine, memory, dst=0)
-    return memory
+    return mine
+
+
+def gathered(mine, world):
+    """Every process's ``mine``, in rank order, on the main process (None on the others)."""
+    everyone = [None] * world.size if world.main else None
+    dist.gather_object(mine, everyone, dst=0)
+    return everyone
 
 
 def open_run(args, world, runs_dir):
