@@ -1342,11 +1342,9 @@ def _parse_npy_header(header):
     results/README.md)."""
     f = io.BytesIO(header)
     version = np.lib.format.read_magic(f)
-    read = (
-        np.lib.format.read_array_header_1_0
-        if version == (1, 0)
-        else np.lib.format.read_array_header_2_0
-    )
+    read = np.lib.format.read_array_header_2_0  # versions 2 and 3: a 4-byte header length
+    if version == (1, 0):
+        read = np.lib.format.read_array_header_1_0
     with NPY_PARSE:
         shape, _, dtype = read(f)
     return shape, dtype

@@ -543,8 +543,7 @@ def build_demo(world):
 def make_pipelines(args, world, dali_state=None, cache=None, first_epoch=1):
     """(train, val) pipelines and the class names, over shard RANK of WORLD_SIZE, on GPU LOCAL_RANK
     or all on the CPU; ``cache``: MB of DALI's decoder cache, one for both (see plan_decoder_cache);
-    ``dali_state`` and ``first_epoch``: the training pipeline's (see resume.pipeline_state).
-    """
+    ``dali_state`` and ``first_epoch``: the training pipeline's (see resume.pipeline_state)."""
     train = make_train_pipeline(args, world, dali_state, cache, first_epoch)
     if train.num_classes is None:
         raise UsageError(
