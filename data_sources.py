@@ -659,14 +659,10 @@ def padded_indexes(indexes, layout, extra):
 
 
 def list_image_folder(data_dir, classes=None):
-    """(files, labels, classes) of an ImageFolder tree, checked, in torchvision's order: its class
-    folders sorted as its ImageFolder sorts them, each folder's images labelled by the folder's
-    index (as pipelines.ImageFolderReader lists a tree it reads unchecked).
-
-    ``classes`` (the training split's class names) numbers the labels by that list instead of by
-    this tree's own folders: a validation split that lacks some classes keeps train's indices, and a
-    folder that is not in the list is an error.
-    """
+    """(files, labels, classes) of an ImageFolder tree, checked, in torchvision's order (as
+    pipelines.ImageFolderReader lists a tree unchecked). ``classes``, the training split's names,
+    number the labels instead of the tree's folders: a validation split that lacks some classes
+    keeps train's indices, and a folder not in the list is an error."""
     if (layout := find_layout(data_dir)) != "folder":  # a missing or empty folder: find_layout's
         raise DataError(
             f"{data_dir}: {layout} shards, not an ImageFolder tree <dir>/<class>/<image>"
@@ -777,17 +773,21 @@ def find_layout(split_dir):
             found.add("tfrecord")
         elif name.endswith(".tar") and not name.startswith("."):
             found.add("wds")
-    if not found:
-        raise DataError(
-            f"{split_dir}: no class folders, TFRecord files or .tar shards in it (expected "
-            "<dir>/<class>/<image>, <dir>/*.tfrecord or <dir>/train-00000-of-01024, or "
-            "<dir>/*.tar)"
-        )
-    if len(found) > 1:
-        raise DataError(
+    if len(found) != 1:
+        raise not_one_layout(split_dir, found)
+    return found.pop()
+
+
+def not_one_layout(split_dir, found):
+    """find_layout's error for a folder that holds no layout it knows, or several."""
+    if found:
+        return DataError(
             f"{split_dir}: holds {' and '.join(sorted(found))} data; keep one layout in a folder"
         )
-    return found.pop()
+    return DataError(
+        f"{split_dir}: no class folders, TFRecord files or .tar shards in it (expected "
+        "<dir>/<class>/<image>, <dir>/*.tfrecord or <dir>/train-00000-of-01024, or <dir>/*.tar)"
+    )
 
 
 def shard_files(split_dir, layout):
@@ -1342,11 +1342,9 @@ def _parse_npy_header(header):
     results/README.md)."""
     f = io.BytesIO(header)
     version = np.lib.format.read_magic(f)
-    read = (
-        np.lib.format.read_array_header_1_0
-        if version == (1, 0)
-        else np.lib.format.read_array_header_2_0
-    )
+    read = np.lib.format.read_array_header_2_0  # versions 2 and 3: a 4-byte header length
+    if version == (1, 0):
+        read = np.lib.format.read_array_header_1_0
     with NPY_PARSE:
         shape, _, dtype = read(f)
     return shape, dtype
@@ -1443,15 +1441,10 @@ def scan_masks(lbls, limit, threads=8, ignore=None):
 
 
 def check_segmentation_files(imgs, lbls):
-    """Checks an image/mask ``.npy`` set before DALI reads it, from the files' headers alone.
-
-    ``imgs[i]`` pairs with ``lbls[i]`` whatever their names; a pair must agree in height x width.
-    Images are (H, W), (H, W, 1) or (H, W, 3) of uint8, uint16 or float32, masks (H, W) or (H, W, 1)
-    of an integer type or bool; all images of a set share one shape pattern and dtype, and so do all
-    masks (DALI reads a batch of one kind). Anything else raises ``DataError`` naming the file.
-    Returns ``((image_shape, image_dtype), (mask_shape, mask_dtype))`` of the first pair, which
-    stands for the set.
-    """
+    """Checks an image/mask ``.npy`` set before DALI reads it, from the files' headers alone: each
+    file of its kind (NPY_KINDS), one kind of image and one of mask in a set (DALI reads a batch of
+    one kind), ``imgs[i]`` of ``lbls[i]``'s height x width; else a ``DataError`` naming the file.
+    Returns the first pair's ``((shape, dtype), (shape, dtype))``, which stands for the set."""
     imgs, lbls = [] if imgs is None else list(imgs), [] if lbls is None else list(lbls)
     if len(imgs) == 0:
         raise DataError("got an empty list of images")

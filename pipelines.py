@@ -155,12 +155,7 @@ class _ClassifyPipeline(Pipeline):
         self.place_decoder(device_id, decode)
         reader = reading.reader or default_reader(data_dir, reading)
         self.read = reader(
-            data_dir,
-            reading,
-            batch_size=batch_size,
-            shuffle=self.shuffle,
-            stick_to_shard=self.cached,
-            skip_cached_images=bool(self.cached and decode.decoder_cache),
+            data_dir, reading, batch_size=batch_size, shuffle=self.shuffle, **self.cache_reading
         )
         self.layout, self.files, self.classes = self.read.layout, self.read.files, self.read.classes
         self.num_classes, self.num_samples = self.read.num_classes, self.read.num_samples
@@ -170,22 +165,30 @@ class _ClassifyPipeline(Pipeline):
 
     def place_decoder(self, device_id, decode):
         """Where the decoder and the operators after it run, and the decoder's arguments: all on
-        the CPU without a GPU; on one, the operators on the GPU, the decoder there ("mixed": its
-        hardware decoder takes ``hw_decoder_load`` of the JPEGs) or on DALI's threads ("cpu": no
-        decoding kernel beside the model's, results/README.md). ``decoder_cache`` (MB, on a GPU):
-        whole images decoded once into DALI's GPU cache, where the next epochs find them; a
-        per-process cache needs each process to keep its shard every epoch (stick_to_shard)."""
+        the CPU without a GPU; on one, as ``place_on_gpu`` says."""
         decoder = choice("decoder", decode.decoder, {"mixed": "mixed", "cpu": "cpu"})
-        self.cached = device_id is not None and decode.decoder_cache is not None
+        self.cached = False
+        self.decoder_device, self.device = "cpu", "cpu"
+        # EXIF orientation is not applied, as torchvision's PIL loader does not apply it.
+        self.decoder_args = dict(adjust_orientation=False)
+        self.cache_reading = dict(stick_to_shard=False, skip_cached_images=False)  # the reader's
+        if device_id is not None:
+            self.place_on_gpu(decoder, decode)
+
+    def place_on_gpu(self, decoder, decode):
+        """The operators on the GPU, the decoder there ("mixed": its hardware decoder takes
+        ``hw_decoder_load`` of the JPEGs) or on DALI's threads ("cpu": no decoding kernel beside the
+        model's, results/README.md). ``decoder_cache`` (MB): whole images decoded once into DALI's
+        GPU cache, where the next epochs find them; a per-process cache needs each process to keep
+        its shard every epoch (stick_to_shard)."""
+        self.cached = decode.decoder_cache is not None
         if self.cached and decoder == "cpu":
             raise ValueError(
                 "decoder_cache needs decoder='mixed' (DALI caches what its GPU decoder decodes), "
                 "got decoder='cpu'"
             )
-        self.decoder_device, self.device = ("cpu", "cpu") if device_id is None else (decoder, "gpu")
-        # EXIF orientation is not applied, as torchvision's PIL loader does not apply it.
-        self.decoder_args = dict(adjust_orientation=False)
-        if self.decoder_device == "mixed":
+        self.decoder_device, self.device = decoder, "gpu"
+        if decoder == "mixed":
             load = CACHED_HW_DECODER_LOAD if self.cached else DEFAULT_HW_DECODER_LOAD
             self.decoder_args.update(
                 hw_decoder_load=load if decode.hw_decoder_load is None else decode.hw_decoder_load,
@@ -195,6 +198,8 @@ class _ClassifyPipeline(Pipeline):
         if self.cached:
             cache = dict(cache_size=decode.decoder_cache, cache_type="threshold", cache_threshold=0)
             self.decoder_args.update(cache)
+            skip = bool(decode.decoder_cache)  # images already in the cache: not read again
+            self.cache_reading = dict(stick_to_shard=True, skip_cached_images=skip)
 
     def decoded(self, jpegs):
         """``jpegs`` decoded, on the device of the operators after the decoder."""
@@ -311,13 +316,8 @@ class ClassifyTrainPipeline(_ClassifyPipeline):
             random_aspect_ratio=list(random_aspect_ratio),
             num_attempts=CROP_ATTEMPTS,
         )
-        if self.cached:  # the whole image, cached, then the random crop of it on the GPU
-            self.decode = ops.decoders.Image(
-                device="mixed", output_type=types.RGB, **self.decoder_args
-            )
-            self.crop = ops.RandomResizedCrop(
-                device="gpu", size=size, **crop, interp_type=types.INTERP_TRIANGULAR, antialias=True
-            )
+        if self.cached:
+            self.build_cached_crop(size, crop)
         else:  # decoding only the random crop's window saves work on large images
             self.decode = ops.decoders.ImageRandomCrop(
                 device=self.decoder_device, output_type=types.RGB, **crop, **self.decoder_args
@@ -326,6 +326,13 @@ class ClassifyTrainPipeline(_ClassifyPipeline):
             self.build_epoch_resize()
         elif not self.cached:
             self.resize = antialiased_resize(self.device_id, self.num_threads, size)
+
+    def build_cached_crop(self, size, crop):
+        # the whole image, cached, then the random crop of it on the GPU
+        self.decode = ops.decoders.Image(device="mixed", output_type=types.RGB, **self.decoder_args)
+        self.crop = ops.RandomResizedCrop(
+            device="gpu", size=size, **crop, interp_type=types.INTERP_TRIANGULAR, antialias=True
+        )
 
     def build_epoch_resize(self):
         # The size comes into the graph as an input read every batch, not as an operator's fixed
@@ -448,12 +455,8 @@ class ClassifyValPipeline(_ClassifyPipeline):
 
 def classify_iterator(pipe):
     """One pass over the pipeline's shard per epoch: ``batch[0]["data"]``, ``batch[0]["label"]``.
-
-    Training batches are always full: the reader pads its shard with a few distinct samples of its
-    own, repeated, so every rank runs the same number of full batches, never one of a single sample
-    (BatchNorm needs more), and trains on those few samples twice. Validation batches drop the
-    padding: every sample is seen exactly once.
-    """
+    Training batches are full, as many on every rank, never of one sample (BatchNorm needs more):
+    the reader repeats a few samples (``repeats``); validation's drop its padding."""
     with warnings.catch_warnings():
         # --ra-sampler's epochs are counted by size, which DALI warns of as if a reader's shard
         warnings.filterwarnings("ignore", "Please set `reader_name`")
@@ -512,11 +515,9 @@ class ImageFolderReader:
 
 
 def file_reader(files, labels, reading, batch_size, shuffle, **file_args):
-    """DALI's file reader over image ``files`` and their ``labels``: shard ``reading.shard_id`` of
-    ``reading.num_shards``, each shard's last batch padded (the validation iterator drops the
-    padding); a training reader (``shuffle``) reads a few distinct samples twice (``repeats``) so
-    that every shard holds whole batches. ``file_args``: ``stick_to_shard``,
-    ``skip_cached_images``."""
+    """DALI's file reader over image ``files`` and their ``labels``, sharded as ``reading`` says,
+    each shard's last batch padded; a training reader (``shuffle``) reads a few distinct samples
+    twice (``repeats``) so that every shard holds whole batches."""
     extra = extra_samples(len(files), reading.num_shards, batch_size) if shuffle else 0
     return ops.readers.File(
         files=files + repeats(files, extra),
@@ -579,13 +580,21 @@ class _SegmentImagePipeline(Pipeline):
     def build_normalize(self, image, mean, std):
         if (mean is None) != (std is None):
             raise ValueError(f"give both mean and std, or neither (got mean={mean}, std={std})")
-        if mean is None and self.channels == 3 and image[1] == np.uint8:
-            mean, std = IMAGENET_MEAN, IMAGENET_STD
-        if mean is None:
+        if mean is not None:
+            mean, std = self.checked_mean_std(mean, std)
+        elif self.channels == 3 and image[1] == np.uint8:
+            mean, std = list(IMAGENET_MEAN), list(IMAGENET_STD)
+        else:
             self.channel_min = ops.reductions.Min(device=self.device, axes=[1, 2], keep_dims=True)
             self.standardize = ops.Normalize(device=self.device, axes=[1, 2], dtype=types.FLOAT)
             self.normalize = self.normalize_each_image
             return
+        self.normalize = ops.CropMirrorNormalize(
+            device=self.device, dtype=types.FLOAT, output_layout="CHW", mean=mean, std=std
+        )
+
+    def checked_mean_std(self, mean, std):
+        """The caller's ``mean`` and ``std`` as lists of floats, or a ValueError."""
         mean = np.atleast_1d(mean).astype(float).tolist()
         std = np.atleast_1d(std).astype(float).tolist()
         if not (np.isfinite(mean + std).all() and min(std) > 0):
@@ -595,9 +604,7 @@ class _SegmentImagePipeline(Pipeline):
                 f"mean and std need 1 or {self.channels} values each (the images have "
                 f"{self.channels} channels), got mean={mean}, std={std}"
             )
-        self.normalize = ops.CropMirrorNormalize(
-            device=self.device, dtype=types.FLOAT, output_layout="CHW", mean=mean, std=std
-        )
+        return mean, std
 
     def normalize_each_image(self, image):
         # Each channel is shifted to start at 0 first: that changes nothing after standardizing, but
@@ -700,20 +707,24 @@ class SegmentValPipeline(_SegmentImagePipeline):
         self.mask_hwc = ops.Reshape(device=self.device, src_dims=hwc_dims(shape), layout="HWC")
         # moves no data
         self.mask_chw = ops.Reshape(device=self.device, src_dims=[2, 0, 1], layout="CHW")
-        # DALI's Resize reads uint8, int16, uint16 and float32: other masks (np.argmax gives int64)
-        # are resized as float32, exact for class values below 2**24, and handed out as int32. A
-        # cast to the type a mask already has would only copy it, so uint8 masks skip both.
+        # A cast to the type a mask already has would only copy it: uint8 masks skip both casts.
         self.mask_to_resize = self.mask_to_output = unchanged
-        self.mask_type = types.UINT8 if dtype in (np.uint8, np.bool_) else types.INT32
+        self.mask_type = types.UINT8
         if dtype != np.uint8:
-            resized = types.UINT8 if dtype == np.bool_ else types.FLOAT
-            self.mask_to_resize = ops.Cast(device=self.device, dtype=resized)
-        if self.mask_type == types.INT32:
-            self.mask_to_output = ops.Cast(device=self.device, dtype=types.INT32)
+            self.build_mask_casts(dtype)
         # Nearest neighbour: a mask keeps exactly its class values.
         self.resize_mask = roi_resize(self.device, types.INTERP_NN, size)
         # own_size_masks: a batch of masks of several sizes, made one tensor that PyTorch can take
         self.pad_mask = ops.Pad(device=self.device, axes=[0, 1], fill_value=0)
+
+    def build_mask_casts(self, dtype):
+        # DALI's Resize reads uint8, int16, uint16 and float32: other masks (np.argmax gives int64)
+        # are resized as float32, exact for class values below 2**24, and handed out as int32.
+        resized = types.UINT8 if dtype == np.bool_ else types.FLOAT
+        self.mask_to_resize = ops.Cast(device=self.device, dtype=resized)
+        if dtype != np.bool_:
+            self.mask_type = types.INT32
+            self.mask_to_output = ops.Cast(device=self.device, dtype=types.INT32)
 
     def define_graph(self):
         image, own = self.read()
@@ -753,12 +764,21 @@ class Augmentations:
     scale_range: tuple = None  # torchvision's scale augmentation; None: off
     mask_pad: int = 0  # what pads a scaled mask where it came out smaller than ``size``
 
-    def check(self):
-        """A ValueError naming the first probability or range out of its bounds."""
+    def check(self, mask_type):
+        """A ValueError naming the first probability or range out of its bounds, or a ``mask_pad``
+        that masks of ``mask_type`` cannot hold."""
         for name in ("flip_p", "noise_p", "blur_p", "brightness_p", "contrast_p"):
             probability(name, getattr(self, name))
         for name in ("noise_std", "blur_sigma", "brightness", "contrast"):
             value_range(name, getattr(self, name))
+        lowest, highest = (0, 255) if mask_type == types.UINT8 else (-(2**31), 2**31 - 1)
+        if not (
+            isinstance(self.mask_pad, (int, np.integer)) and lowest <= self.mask_pad <= highest
+        ):
+            raise ValueError(
+                f"mask_pad must be a whole number in [{lowest}, {highest}] (what the masks hold), "
+                f"got {self.mask_pad!r}"
+            )
 
 
 class SegmentTrainPipeline(SegmentValPipeline):
@@ -782,14 +802,15 @@ class SegmentTrainPipeline(SegmentValPipeline):
     def __init__(self, batch_size, num_threads, device_id, imgs, lbls, **kwargs):
         augment = settings(Augmentations, kwargs)
         super().__init__(batch_size, num_threads, device_id, imgs, lbls, **kwargs)
-        augment.check()
+        augment.check(self.mask_type)
         # the options that decide which steps define_graph wires
         self.graph = dict(scale_range=augment.scale_range is not None)
         coin = functools.partial(ops.random.CoinFlip, dtype=types.BOOL)
         # (vertical, horizontal)
         self.flip_coins = ops.random.CoinFlip(probability=augment.flip_p, shape=[2])
         self.as_float = ops.Cast(dtype=types.FLOAT)
-        self.build_scale(augment.scale_range, augment.mask_pad)
+        if self.graph["scale_range"]:
+            self.build_scale(augment.scale_range, augment.mask_pad)
         self.noise_coin = coin(probability=augment.noise_p)
         self.build_noise(augment.noise_std)
         self.blur_coin = coin(probability=augment.blur_p)
@@ -809,14 +830,6 @@ class SegmentTrainPipeline(SegmentValPipeline):
         self.merge = ops._conditional.Merge(device=self.device)
 
     def build_scale(self, scale_range, mask_pad):
-        lowest, highest = (0, 255) if self.mask_type == types.UINT8 else (-(2**31), 2**31 - 1)
-        if not (isinstance(mask_pad, (int, np.integer)) and lowest <= mask_pad <= highest):
-            raise ValueError(
-                f"mask_pad must be a whole number in [{lowest}, {highest}] (what the masks hold), "
-                f"got {mask_pad!r}"
-            )
-        if scale_range is None:
-            return
         value_range("scale_range", scale_range, positive=True)
         low, high = (float(v) for v in scale_range)
         # DALI's range must not be empty: low == high is the one value
@@ -890,14 +903,9 @@ class SegmentTrainPipeline(SegmentValPipeline):
 
 def segment_iterator(pipe):
     """Batches of a segmentation pipeline as PyTorch tensors: ``batch[0]["image"]``,
-    ``batch[0]["mask"]``.
-
-    A validation pipeline yields every sample of its shard exactly once per epoch (the last batch
-    partial); with ``own_size_masks`` also ``batch[0]["own_mask"]`` and ``batch[0]["own_size"]``.
-    A training pipeline yields full batches only, the same number on every shard, the last one
-    filled with repeats of the shard's own samples: under DDP every rank takes the same number of
-    steps, on real data.
-    """
+    ``batch[0]["mask"]`` (with ``own_size_masks`` also ``"own_mask"`` and ``"own_size"``), every
+    validation sample once an epoch; training batches full and as many on every shard (see the
+    pipelines' ``last_batch_policy``), so under DDP every rank takes as many steps, on real data."""
     names = ["image", "mask"] + (["own_mask", "own_size"] if pipe.own_size_masks else [])
     policy = dict(last_batch_policy=pipe.last_batch_policy, auto_reset=True)
     return DALIGenericIterator(pipe, names, reader_name="ReaderX", **policy)
@@ -1248,15 +1256,20 @@ def antialiased_resize(device_id, num_threads, size):
     DALI's on a GPU; on the CPU torch's (``resize_with_torch``), the same filter and faster than
     DALI's CPU one (results/README.md). ``size`` None: a function ``(images, sizes)`` resizing each
     image to its sample of ``sizes``, (height, width) float32 on the CPU."""
-    if device_id is None:
-        pool = torch_threads(num_threads)
+    if device_id is not None:
+        return gpu_resize(size)
+    pool = torch_threads(num_threads)
 
-        def resize(images, sizes=None):
-            return resize_with_torch(pool, num_threads, size, True, images, sizes=sizes)
+    def resize(images, sizes=None):
+        return resize_with_torch(pool, num_threads, size, True, images, sizes=sizes)
 
-        return ops.PythonFunction(
-            function=resize, num_outputs=1, batch_processing=True, output_layouts="CHW"
-        )
+    return ops.PythonFunction(
+        function=resize, num_outputs=1, batch_processing=True, output_layouts="CHW"
+    )
+
+
+def gpu_resize(size):
+    """antialiased_resize's on a GPU: DALI's."""
     if size is None:
         resize = ops.Resize(device="gpu", interp_type=types.INTERP_TRIANGULAR, antialias=True)
         return lambda images, sizes: resize(images, size=sizes)

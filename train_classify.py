@@ -303,12 +303,10 @@ def make_model(args, num_classes):
 
 
 def get_mixup_cutmix(args, num_classes):
-    """torchvision's MixUp and/or CutMix on the batch (one of the two, at random, when both are
-    on)."""
+    """--mixup-alpha, --cutmix-alpha: torchvision's MixUp and/or CutMix on the batch (one of the
+    two, at random, when both are on)."""
     alphas = ((v2.MixUp, args.mixup_alpha), (v2.CutMix, args.cutmix_alpha))
     transforms = [t(alpha=alpha, num_classes=num_classes) for t, alpha in alphas if alpha > 0]
-    if not transforms:
-        return None
     return v2.RandomChoice(transforms) if len(transforms) > 1 else transforms[0]
 
 
@@ -331,13 +329,8 @@ def train_one_epoch(model, criterion, state, steps, step_log, epoch, args, mixup
         scaler.step(optimizer)
         scaler.update()
         scheduler.step()
-        # as torchvision's, from an epoch's first step: an epoch shorter than --model-ema-steps
-        # updates too
-        if model_ema is not None and (step - 1) % args.model_ema_steps == 0:
-            model_ema.update_parameters(model)
-            if epoch <= args.lr_warmup_epochs:
-                # in warm-up the EMA copies the weights, as torchvision's
-                model_ema.n_averaged.fill_(0)
+        if model_ema is not None:
+            training.update_ema(model_ema, model, step, epoch, args)
         step_log.update(loss, len(targets))
     return step_log.epoch_loss()
 
@@ -392,7 +385,9 @@ def main(args):
         make_model(args, len(data.classes)), args, world, data.steps, log
     )
     criterion = torch.nn.CrossEntropyLoss(label_smoothing=args.label_smoothing)
-    mixup_cutmix = get_mixup_cutmix(args, len(data.classes))
+    mixup_cutmix = None
+    if args.mixup_alpha or args.cutmix_alpha:
+        mixup_cutmix = get_mixup_cutmix(args, len(data.classes))
     # a new run's first step, or its checkpoint's next
     start = restore(ckpt, args, world, state, data, log) if ckpt else training.Start()
     log.begin()  # every check has passed: from here the run folder changes
@@ -548,8 +543,7 @@ def build_demo(world):
 def make_pipelines(args, world, dali_state=None, cache=None, first_epoch=1):
     """(train, val) pipelines and the class names, over shard RANK of WORLD_SIZE, on GPU LOCAL_RANK
     or all on the CPU; ``cache``: MB of DALI's decoder cache, one for both (see plan_decoder_cache);
-    ``dali_state`` and ``first_epoch``: the training pipeline's (see resume.pipeline_state).
-    """
+    ``dali_state`` and ``first_epoch``: the training pipeline's (see resume.pipeline_state)."""
     train = make_train_pipeline(args, world, dali_state, cache, first_epoch)
     if train.num_classes is None:
         raise UsageError(

@@ -319,6 +319,11 @@ class TorchvisionSegmentation(nn.Module):
 def make_model(args, in_channels):
     if args.arch == "unet":
         return UNet(in_channels, args.num_classes, args.unet_width)
+    return torchvision_model(args)
+
+
+def torchvision_model(args):
+    """--arch's torchvision model, its backbone's --weights-backbone downloaded by torchvision."""
     try:
         return TorchvisionSegmentation(
             args.arch, args.num_classes, args.aux_loss, args.weights_backbone
@@ -379,13 +384,16 @@ def make_criterion(args, device):
         ignore_index=args.ignore_index,
         class_weights=weights,
     )
-    if not args.aux_loss:
-        return loss
+    return with_aux(loss) if args.aux_loss else loss
 
-    def with_aux(outputs, masks):
+
+def with_aux(loss):
+    """--aux-loss: ``loss`` on the main output plus AUX_WEIGHT x on the auxiliary classifier's."""
+
+    def main_and_aux(outputs, masks):
         return loss(outputs["out"], masks) + AUX_WEIGHT * loss(outputs["aux"], masks)
 
-    return with_aux
+    return main_and_aux
 
 
 def kept_pixels(masks, ignore_index):
@@ -414,13 +422,8 @@ def train_one_epoch(model, criterion, state, steps, step_log, epoch, args):
         scaler.step(optimizer)
         scaler.update()
         scheduler.step()
-        # as torchvision's, from an epoch's first step: an epoch shorter than --model-ema-steps
-        # updates too
-        if model_ema is not None and (step - 1) % args.model_ema_steps == 0:
-            model_ema.update_parameters(model)
-            if epoch <= args.lr_warmup_epochs:
-                # in warm-up the EMA copies the weights, as torchvision's
-                model_ema.n_averaged.fill_(0)
+        if model_ema is not None:
+            training.update_ema(model_ema, model, step, epoch, args)
         step_log.update(loss, len(masks))
     return step_log.epoch_loss()
 
@@ -508,12 +511,8 @@ def main(args):
     world = training.setup(args, gpu_compile_mode=graphs)  # torchrun's ranks; this process's device
     if args.predict:  # the trained model on new images: no --data, no run folder
         return predict(args, world)
-    ckpt = None
-    if args.resume or args.evaluate:  # resume.py only here: a fresh run needs none of it
-        flags.require("--resume" if args.resume else "--evaluate", "resume")
-        import resume
-
-        ckpt = resume.load(args, world)  # its run's flags; --evaluate's, --resume auto's rules
+    # its run's flags; --evaluate's and --resume auto's rules (resume.py: a fresh run needs none)
+    ckpt = load_checkpoint(args, world) if args.resume or args.evaluate else None
     root = locate_data(args, world)  # builds the demo set or prepares a PNG root, or checks --data
     log = training.open_run(args, world, RUNS_DIR)  # the run folder, locked, and its log
     data = build_loaders(args, world, root, ckpt, log)  # DALI pipelines over this process's shard
@@ -525,10 +524,8 @@ def main(args):
     criterion = make_criterion(args, world.device)  # dice_ce_loss as the flags set it
     if args.arch != "unet" and args.size < SMALLEST_INPUT:
         log_coarse_features(args, log)
-    start = training.Start()  # a new run's first step, or its checkpoint's next
-    if ckpt:
-        build = functools.partial(train_loader, root=root)
-        start = resume.restore(ckpt, args, world, state, data, log, build)
+    # a new run's first step, or its checkpoint's next
+    start = restore(ckpt, args, world, state, data, log, root) if ckpt else training.Start()
     log.begin()  # every check has passed: from here the run folder changes
     if args.evaluate:
         return score(state, data, args, world, log)
@@ -560,6 +557,22 @@ def main(args):
         if signum := stop.agree()[0]:  # a signal during the epoch's last validation batches
             stop.exit(signum, path, epoch, data.steps)
     log.close("val_dice", checkpoints.best)
+
+
+def load_checkpoint(args, world):
+    """--resume's or --evaluate's checkpoint (resume.load), or None for a fresh --resume auto."""
+    flags.require("--resume" if args.resume else "--evaluate", "resume")
+    import resume
+
+    return resume.load(args, world)
+
+
+def restore(ckpt, args, world, state, data, log, root):
+    """Where a checkpoint's run goes on (resume.restore), ``state`` loaded from it."""
+    import resume
+
+    build = functools.partial(train_loader, root=root)
+    return resume.restore(ckpt, args, world, state, data, log, build)
 
 
 def score(state, data, args, world, log):
@@ -713,12 +726,18 @@ def save_prediction(mask_path, overlay_path, source, pred, colors):
 
 
 def locate_data(args, world):
-    """The prepared root (csv_file/ inside) of --data: the demo set and PNG roots are prepared
-    first, once per node."""
-    # an s3:// prefix holds a prepared root: data_processing writes locally
+    """The prepared root (csv_file/ inside) of --data, or the demo set's or a PNG root's, prepared
+    first (prepare_data)."""
     local = not remote(args.data)  # a URL of another scheme: refused here, named
     if args.data != "demo" and isdir(os.path.join(args.data, "csv_file")):
         return args.data
+    return prepare_data(args, world, local)
+
+
+def prepare_data(args, world, local):
+    """--data demo or a ``local`` PNG root (Images/, Masks/) prepared as .npy pairs and split CSVs,
+    once per node (an s3:// prefix holds a prepared root: data_processing writes locally); any
+    other --data is refused."""
     if args.data != "demo" and not (local and os.path.isdir(args.data)):
         raise UsageError(no_data_folder(args.data))
     flags.require(f"--data {args.data}", "data_processing")
@@ -840,22 +859,31 @@ def check_mask_values(args, world, root, splits):
         mine = lbls[world.rank :: world.size]
         found, foreground = scan_masks(mine, largest, args.workers, args.ignore_index)
         if found:
-            expected = f"below --num-classes {args.num_classes}"
-            if args.num_classes == 1:
-                expected = "0 or 1 (binary, --num-classes 1; a PNG root reads 255 as 1)"
-            raise DataError(
-                f"{found[0]}: mask holds class {found[1]}; expected values {expected}, or "
-                f"--ignore-index {found[1]} if that value marks pixels to leave out"
-            )
+            raise class_beyond_model(args, *found)
         if split == "train":
             (learned,) = training.all_reduce_sum([foreground], world.device)
-    if learned:
-        return
+    if not learned:
+        raise nothing_to_learn(args, root)
+
+
+def class_beyond_model(args, path, value):
+    """check_mask_values' error for a mask at ``path`` holding class ``value``."""
+    expected = f"below --num-classes {args.num_classes}"
+    if args.num_classes == 1:
+        expected = "0 or 1 (binary, --num-classes 1; a PNG root reads 255 as 1)"
+    return DataError(
+        f"{path}: mask holds class {value}; expected values {expected}, or --ignore-index "
+        f"{value} if that value marks pixels to leave out"
+    )
+
+
+def nothing_to_learn(args, root):
+    """check_mask_values' error for training masks that hold only the background."""
     if args.ignore_index is None:
-        raise DataError(
+        return DataError(
             f"{root}: no training mask holds a class above the background (0): nothing to learn"
         )
-    raise DataError(
+    return DataError(
         f"{root}: no training mask holds a class above the background once --ignore-index "
         f"{args.ignore_index} is left out: nothing to learn; for binary masks of 0 and "
         f"{args.ignore_index}, pass no --ignore-index (a PNG root then reads {args.ignore_index} "

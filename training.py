@@ -262,10 +262,8 @@ def norm_decay_groups(model, params, args):
 
 def make_scheduler(optimizer, args, steps_per_epoch):
     """The lr of every step, torch's schedulers composed as torchvision's reference composes them:
-    warm-up over --lr-warmup-epochs from --lr-warmup-decay x lr (a linear ramp or constant), then
-    cosine to --lr-min, step (x --lr-gamma every --lr-step-size epochs), exponential (x --lr-gamma
-    every epoch) or poly ((1 - t/T) ** 0.9). At each epoch's start the lr is that of torchvision's
-    schedulers stepped once an epoch."""
+    after --lr-warmup-epochs (warmed_up), cosine to --lr-min, step (x --lr-gamma every
+    --lr-step-size epochs), exponential (x --lr-gamma every epoch) or poly ((1 - t/T) ** 0.9)."""
     sched = torch.optim.lr_scheduler
     warmup = int(args.lr_warmup_epochs * steps_per_epoch)
     length = max(1, args.epochs * steps_per_epoch - warmup)
@@ -277,8 +275,13 @@ def make_scheduler(optimizer, args, steps_per_epoch):
         main = sched.StepLR(optimizer, steps_per_epoch, gamma=args.lr_gamma)
     else:
         main = sched.PolynomialLR(optimizer, total_iters=length, power=0.9)
-    if warmup == 0:
-        return main
+    return warmed_up(optimizer, main, warmup, args) if warmup else main
+
+
+def warmed_up(optimizer, main, warmup, args):
+    """``main`` after ``warmup`` steps from --lr-warmup-decay x lr (a linear ramp or constant). At
+    each epoch's start the lr is that of torchvision's schedulers stepped once an epoch."""
+    sched = torch.optim.lr_scheduler
     start = args.lr_warmup_decay  # the share of the lr the warm-up starts at; timm's --warmup-lr:
     if getattr(args, "warmup_lr", None) is not None:  # that rate itself
         start = args.warmup_lr / optimizer.param_groups[0]["initial_lr"]
@@ -353,6 +356,16 @@ def make_model_ema(model, args, world):
         use_buffers=True,
         multi_avg_fn=torch.optim.swa_utils.get_ema_multi_avg_fn(1.0 - alpha),
     )
+
+
+def update_ema(model_ema, model, step, epoch, args):
+    """--model-ema's update after ``step`` of ``epoch``, as torchvision's: every --model-ema-steps
+    from an epoch's first step (an epoch shorter than that updates too)."""
+    if (step - 1) % args.model_ema_steps == 0:
+        model_ema.update_parameters(model)
+        if epoch <= args.lr_warmup_epochs:
+            # in warm-up the EMA copies the weights, as torchvision's
+            model_ema.n_averaged.fill_(0)
 
 
 def learning_rate(args, global_batch):
@@ -536,9 +549,11 @@ class RunLog:
 
     def epoch_end(self, epoch, steps, train_loss, metrics, took):
         """The epoch's record and line: its validation ``metrics``, its train loss and time, and
-        each process's peak memory (its line the largest, in GB). Every process calls it: the
-        memory is gathered."""
-        memory = peak_memory(self.world)
+        each process's peak memory (its line the largest, in GB). Every process calls it: under
+        torchrun the memory is gathered."""
+        memory = [peak_memory(self.world)]
+        if self.world.distributed:
+            memory = gathered(memory[0], self.world)
         record = {"type": "epoch", "epoch": epoch, "train_loss": train_loss, **metrics}
         record.update(epoch_time=took, step=steps, global_step=epoch * steps, memory=memory)
         if self.main:
@@ -567,10 +582,9 @@ def render(record):
 
 
 def peak_memory(world):
-    """Each process's peak memory in bytes, in rank order, on the main process (the others get
-    None): the most host memory (RSS) it has held; on CUDA also the most torch has reserved, and
-    what the device has in use by any process or library (DALI's too). Under torchrun a gather:
-    every process calls it at the same point, once an epoch."""
+    """This process's peak memory in bytes: the most host memory (RSS) it has held; on CUDA also
+    the most torch has reserved, and what the device has in use by any process or library (DALI's
+    too)."""
     kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # the peak RSS; Linux counts in kB
     mine = {"rank": world.rank, "host_rss_peak": kb * 1024}
     if world.device.type == "cuda":
@@ -578,11 +592,14 @@ def peak_memory(world):
         mine.update(
             gpu_reserved_peak=torch.cuda.max_memory_reserved(world.device), gpu_used=total - free
         )
-    if not dist.is_initialized():
-        return [mine]
-    memory = [None] * world.size if world.main else None
-    dist.gather_object(mine, memory, dst=0)
-    return memory
+    return mine
+
+
+def gathered(mine, world):
+    """Every process's ``mine``, in rank order, on the main process (None on the others)."""
+    everyone = [None] * world.size if world.main else None
+    dist.gather_object(mine, everyone, dst=0)
+    return everyone
 
 
 def open_run(args, world, runs_dir):
