@@ -674,7 +674,7 @@ def note_defaults(args, anchors, anchor_defaults, elsewhere):
     demo = [
         f"{flag_text(k, v)} (else {elsewhere[k]})"
         for k, v in vars(args).items()
-        if k not in args.given and elsewhere.get(k, v) not in (v, None)
+        if k not in args.given and elsewhere.get(k, v) not in (v, None) and acts(args, k)
     ]
     if demo:
         note(f"--data demo's own settings: {', '.join(demo)}")
