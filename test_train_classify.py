@@ -1954,7 +1954,8 @@ def test_help_and_flag_errors_answer_before_torch_loads(tmp_path, script):
     shown = run("--help", script=path, env=env)
     assert shown.stdout.startswith(f"usage: {script}") and "--print-freq" in shown.stdout
     bad = run("--data", "x", "--lr", "-1", script=path, env=env, check=False)
-    assert bad.stderr == "error: argument --lr: must be > 0, got -1\n" and bad.returncode == 2
+    assert bad.returncode == 2
+    assert bad.stderr == "error: argument --lr/--learning-rate: must be > 0, got -1\n"
 
 
 def test_a_line_is_due_every_log_every_seconds_whatever_print_freq(monkeypatch):
