@@ -67,7 +67,8 @@ def scheduler_name(text):
 
 class Parser(argparse.ArgumentParser):
     """argparse's parser, whose refusal is one `error:` line, exit status 2, as every usage error
-    is; a flag it does not know is answered with what FOREIGN says of it, else our closest flag."""
+    is; a flag it does not know is answered with what FOREIGN says of it, else our closest flag.
+    Its --help ends with the trainer's defaults that differ from the anchors' (ANCHOR_DEFAULTS)."""
 
     def parse_known_args(self, args=None, namespace=None):
         self.argv = sys.argv[1:] if args is None else list(args)  # what error() looks at
@@ -76,26 +77,27 @@ class Parser(argparse.ArgumentParser):
     def error(self, message):
         self.exit(2, f"error: {unknown_flag(self, self.argv) or message}\n")
 
+    def format_help(self):
+        differ = []
+        for _, ours, *theirs in self.anchor_defaults:
+            named = [f"{ANCHORS[k]}: {flag}" for k, flag in enumerate(theirs) if flag]
+            differ.append(f"{ours} ({'; '.join(named)})")
+        self.epilog = (
+            "Defaults that differ from the anchors', each with the flag that does as the anchor "
+            f"does: {', '.join(differ)}."
+        )
+        return super().format_help()
+
 
 def new_parser(description, anchor_defaults):
-    """The trainer's parser; its --help ends with ``anchor_defaults``, the trainer's defaults that
-    differ from the anchors' (see note_defaults)."""
-    differ = [
-        f"{ours} ({'; '.join(f'{ANCHORS[k]}: {theirs}' for k, theirs in enumerate(row) if theirs)})"
-        for _, ours, *row in anchor_defaults
-    ]
     parser = Parser(
         description=description,
-        epilog="Defaults that differ from the anchors', each with the flag that does as the anchor "
-        f"does: {', '.join(differ)}.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
         allow_abbrev=False,  # no flag is taken from a prefix: a typo is an error, not another flag
     )
+    parser.anchor_defaults = anchor_defaults  # the trainer's ANCHOR_DEFAULTS: its --help's end
     parser.add_argument(
-        "data_dir",
-        nargs="?",
-        metavar="DIR",
-        help="the place for --data of DALI's ResNet-50 example and pytorch/examples' main.py",
+        "data_dir", nargs="?", metavar="DIR", help="--data, as DALI's and pytorch/examples' give it"
     )
     return parser
 
@@ -553,10 +555,9 @@ ANCHORS = ("torchvision's reference", "DALI's ResNet-50 example", "pytorch/examp
 def parse(parser, argv, demo_defaults, anchor_defaults):
     """The flags, with --data demo's defaults where it is given; ``args.given``: the flags the
     command line sets, each with the default it replaces (a resume takes the others from its
-    checkpoint). A flag given twice under its names with two values and EXCLUSIVE's pairs are
-    refused here; the rules of --resume, --evaluate and --predict where those are handled
-    (resume.load, predict.checkpoint_to_predict). The main process then says in a line what the
-    command may not expect (note_command, note_defaults)."""
+    checkpoint). A flag given two values under two names and EXCLUSIVE's pairs are refused here;
+    the rules of --resume, --evaluate and --predict where those are handled (resume.load,
+    predict.checkpoint_to_predict). The main process says what the command may not expect."""
     args = parser.parse_args(argv)
     demo = args.data == "demo" or args.data_dir == "demo"
     if demo:  # the trainer's own defaults, which the demo's line names
@@ -567,15 +568,19 @@ def parse(parser, argv, demo_defaults, anchor_defaults):
     unset = argparse.Namespace(**{a.dest: None for a in parser._actions})
     given = sorted(k for k, v in vars(parser.parse_args(argv, unset)).items() if v is not None)
     args.given = {k: parser.get_default(k) for k in given}
-    refuse_two_values(parser)
+    known = parser._option_string_actions
+    options = {token.split("=", 1)[0] for token in parser.argv} & known.keys()
+    if len({known[option].dest for option in options}) < len(options):  # one flag, two names
+        refuse_two_values(parser, options)
     for clash, message in EXCLUSIVE:
         if all(k in args.given and (v is None or getattr(args, k) == v) for k, v in clash.items()):
             parser.error(message.format(**vars(args)))
     main_process = os.environ.get("RANK", "0") == "0"
-    positional = args.data_dir is not None  # a form of DALI's example's and pytorch/examples'
+    # DALI's example and pytorch/examples' main.py, by their form: their positional folder, -a
+    anchors = anchors_of(parser.argv, args.data_dir is not None, len(anchor_defaults[0]) - 2)
     if main_process and ("lr" in args.given or "dist_url" in args.given):
-        note_command(args, parser.argv, positional)
-    if positional:  # DALI's example's and pytorch/examples' positional folder
+        note_command(args, anchors)
+    if args.data_dir is not None:
         args.data, args.given["data"] = args.data_dir, None
     del args.data_dir
     args.given.pop("data_dir", None)
@@ -586,7 +591,6 @@ def parse(parser, argv, demo_defaults, anchor_defaults):
             "--batch-size must be at least 2 for training (BatchNorm needs more than one sample)"
         )
     if main_process and not (args.resume or args.evaluate or args.predict):  # a fresh run
-        anchors = anchors_of(parser.argv, positional, columns=len(anchor_defaults[0]) - 2)
         note_defaults(args, anchors, anchor_defaults, elsewhere if demo else {})
     # One of the two says the rate, the other is None: a checkpoint's args say which it was.
     if "lr" in args.given:
@@ -595,19 +599,15 @@ def parse(parser, argv, demo_defaults, anchor_defaults):
     return args
 
 
-def refuse_two_values(parser):
-    """One meaning per command line: a flag given under two of its names (an alias beside its
-    flag, --dali_cpu beside --dali-device) is refused where the two give it two values."""
-    known, names = parser._option_string_actions, {}
-    for token in parser.argv:
-        option = token.split("=", 1)[0]
-        if option in known:
-            names.setdefault(known[option].dest, set()).add(option)
-    for dest in [dest for dest, options in names.items() if len(options) > 1]:
+def refuse_two_values(parser, options):
+    """One meaning per command line: a flag given under two of its names, the command line's
+    ``options`` (an alias beside its flag, --dali_cpu beside --dali-device), is refused where the
+    two give it two values."""
+    dests = [parser._option_string_actions[option].dest for option in options]
+    for dest in {dest for dest in dests if dests.count(dest) > 1}:
         given = values_given(parser, dest)
         if len(set(given.values())) > 1:
-            both = " and ".join(given)
-            parser.error(f"{both} give one flag two values; pass one of them")
+            parser.error(f"{' and '.join(given)} give one flag two values; pass one of them")
 
 
 def values_given(parser, dest):
@@ -628,9 +628,8 @@ def values_given(parser, dest):
 
 
 def anchors_of(argv, positional, columns):
-    """The columns of a trainer's ANCHOR_DEFAULTS (``columns`` of them) that a command's form names:
-    DALI's ResNet-50 example (--dali_cpu), it or pytorch/examples' main.py (-a, or a positional
-    folder without --model: timm's takes one too), else torchvision's reference."""
+    """The ANCHORS (of a trainer's ``columns``) of a command, by its form: DALI's (--dali_cpu); it
+    or pytorch/examples' (-a, or a ``positional`` folder without timm's --model); torchvision's."""
     if columns > 1 and "--dali_cpu" in argv:
         return (1,)
     if columns > 1 and ("-a" in argv or (positional and "--model" not in argv)):
@@ -638,11 +637,10 @@ def anchors_of(argv, positional, columns):
     return (0,)
 
 
-def note_command(args, argv, positional):
-    """A line where --lr or --dist-url means here other than in the command it was brought from:
-    DALI's ResNet-50 example (its form: -a, --dali_cpu, a positional folder) scales its --lr,
-    pytorch/examples' main.py (the same form) does not; torchvision's --dist-url is not used."""
-    anchors = anchors_of(argv, positional, columns=3)
+def note_command(args, anchors):
+    """A line where --lr or --dist-url means here other than in the command's ``anchors``:
+    DALI's ResNet-50 example scales its --lr, pytorch/examples' main.py does not (both have its
+    form); torchvision's --dist-url is not used."""
     if "lr" in args.given and anchors != (0,):
         also = "" if anchors == (1,) else ", as in pytorch/examples' main.py"
         note(
@@ -657,11 +655,9 @@ def note_command(args, argv, positional):
 
 
 def note_defaults(args, anchors, anchor_defaults, elsewhere):
-    """A fresh run's lines: the trainer's defaults that the command leaves to it and that differ
-    from those of its ``anchors`` (columns of ANCHOR_DEFAULTS: each the flag that does as the
-    anchor does);
-    --data demo's settings that differ from the trainer's own (``elsewhere``); a warm-up as long
-    as the run; each given flag that has no effect (ACTS_WITH)."""
+    """A fresh run's line for each of its ``anchors``: the defaults in ``anchor_defaults`` that the
+    command leaves to the trainer and that differ from the anchor's, each with the flag that does
+    as the anchor does; then the lines of note_settings, where they apply."""
     for k in anchors:
         differ = [
             f"{ours} (its: {row[k]})"
@@ -670,7 +666,14 @@ def note_defaults(args, anchors, anchor_defaults, elsewhere):
         ]
         if differ:
             note(f"defaults that differ from {ANCHORS[k]}: {', '.join(differ)}")
-    # each with the trainer's own default (a default the device sets, as -b's, is left out)
+    if elsewhere or args.epochs <= args.lr_warmup_epochs or ACTS_WITH.keys() & args.given:
+        note_settings(args, elsewhere)
+
+
+def note_settings(args, elsewhere):
+    """The lines of --data demo's settings that differ from the trainer's own (``elsewhere``: a
+    default the device sets, as -b's, left out), of a warm-up as long as the run, and of each given
+    flag that has no effect (ACTS_WITH)."""
     demo = [
         f"{flag_text(k, v)} (else {elsewhere[k]})"
         for k, v in vars(args).items()
@@ -687,8 +690,7 @@ def note_defaults(args, anchors, anchor_defaults, elsewhere):
         )
     for dest in args.given:
         if not acts(args, dest):
-            value = getattr(args, dest)
-            note(f"{flag_text(dest, value)} has no effect: {ACTS_WITH[dest][2]}")
+            note(f"{flag_text(dest, getattr(args, dest))} has no effect: {ACTS_WITH[dest][2]}")
 
 
 def acts(args, dest):
@@ -710,30 +712,6 @@ def flag_text(dest, value):
 
 def note(line):
     print(f"note: {line}", flush=True)
-
-
-def broken_install(error):
-    """One line where torch, torchvision or DALI cannot be imported, or not together (a CUDA
-    torchvision beside a CPU torch cannot load its operators): the versions installed, the error,
-    and how to install a matching set."""
-    from importlib import metadata
-
-    names = ("torch", "torchvision", "nvidia-dali")
-    installed = [
-        f"{d.metadata['Name']} {d.version}"
-        for d in metadata.distributions()
-        if d.metadata["Name"] in names[:2] or d.metadata["Name"].startswith(names[2])
-    ]
-    why = (str(error).strip().splitlines() or [type(error).__name__])[0]
-    print(
-        f"error: torch, torchvision and DALI do not load together ({why}); installed: "
-        f"{', '.join(sorted(installed)) or 'none of them'}; install torch and torchvision from one "
-        f"index (pip install torch torchvision --index-url https://download.pytorch.org/whl/cpu, "
-        f"or .../whl/cu128 for CUDA 12.8) and DALI for that CUDA: pip install -r requirements.txt",
-        file=sys.stderr,
-        flush=True,
-    )
-    sys.exit(2)
 
 
 def require(feature, *modules):
