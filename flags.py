@@ -552,7 +552,7 @@ ACTS_WITH = {
 ANCHORS = ("torchvision's reference", "DALI's ResNet-50 example", "pytorch/examples' main.py")
 
 
-def parse(parser, argv, demo_defaults, anchor_defaults):
+def parse(parser, argv, demo_defaults):
     """The flags, with --data demo's defaults where it is given; ``args.given``: the flags the
     command line sets, each with the default it replaces (a resume takes the others from its
     checkpoint). A flag given two values under two names and EXCLUSIVE's pairs are refused here;
@@ -577,7 +577,7 @@ def parse(parser, argv, demo_defaults, anchor_defaults):
             parser.error(message.format(**vars(args)))
     main_process = os.environ.get("RANK", "0") == "0"
     # DALI's example and pytorch/examples' main.py, by their form: their positional folder, -a
-    anchors = anchors_of(parser.argv, args.data_dir is not None, len(anchor_defaults[0]) - 2)
+    anchors = anchors_of(parser, positional=args.data_dir is not None)
     if main_process and ("lr" in args.given or "dist_url" in args.given):
         note_command(args, anchors)
     if args.data_dir is not None:
@@ -591,7 +591,7 @@ def parse(parser, argv, demo_defaults, anchor_defaults):
             "--batch-size must be at least 2 for training (BatchNorm needs more than one sample)"
         )
     if main_process and not (args.resume or args.evaluate or args.predict):  # a fresh run
-        note_defaults(args, anchors, anchor_defaults, elsewhere if demo else {})
+        note_defaults(args, anchors, parser.anchor_defaults, elsewhere if demo else {})
     # One of the two says the rate, the other is None: a checkpoint's args say which it was.
     if "lr" in args.given:
         args.lr_base = None
@@ -627,12 +627,14 @@ def values_given(parser, dest):
     return given
 
 
-def anchors_of(argv, positional, columns):
-    """The ANCHORS (of a trainer's ``columns``) of a command, by its form: DALI's (--dali_cpu); it
-    or pytorch/examples' (-a, or a ``positional`` folder without timm's --model); torchvision's."""
-    if columns > 1 and "--dali_cpu" in argv:
+def anchors_of(parser, positional):
+    """The ANCHORS of the command line by its form, of those of the trainer's table: DALI's
+    (--dali_cpu); it or pytorch/examples' (-a, or a ``positional`` folder without timm's --model);
+    else torchvision's."""
+    argv, several = parser.argv, len(parser.anchor_defaults[0]) > 3
+    if several and "--dali_cpu" in argv:
         return (1,)
-    if columns > 1 and ("-a" in argv or (positional and "--model" not in argv)):
+    if several and ("-a" in argv or (positional and "--model" not in argv)):
         return (1, 2)
     return (0,)
 

@@ -223,7 +223,7 @@ def auto_augment_name(text):
 def parse_args(argv=None):
     """The flags, with --data demo's defaults where it is given, and the rules that tie them."""
     parser = get_args_parser()
-    args = flags.parse(parser, argv, DEMO_DEFAULTS, ANCHOR_DEFAULTS)
+    args = flags.parse(parser, argv, DEMO_DEFAULTS)
     if args.data == "demo":
         args.data = DEMO_DIR  # locate_data builds it
     if args.crop_size:

@@ -181,7 +181,7 @@ def weight_list(text):
 
 def parse_args(argv=None):
     parser = get_args_parser()
-    args = flags.parse(parser, argv, DEMO_DEFAULTS, ANCHOR_DEFAULTS)
+    args = flags.parse(parser, argv, DEMO_DEFAULTS)
     if args.scale_range and args.scale_range[0] > args.scale_range[1]:
         low, high = args.scale_range
         parser.error(f"argument --scale-range: must be LO <= HI, got {low:g} {high:g}")
