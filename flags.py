@@ -628,9 +628,8 @@ def values_given(parser, dest):
 
 
 def anchors_of(parser, positional):
-    """The ANCHORS of the command line by its form, of those of the trainer's table: DALI's
-    (--dali_cpu); it or pytorch/examples' (-a, or a ``positional`` folder without timm's --model);
-    else torchvision's."""
+    """The trainer's ANCHORS that the command line's form names: DALI's (--dali_cpu); it or
+    pytorch/examples' (-a, or a ``positional`` folder without timm's --model); else torchvision's."""
     argv, several = parser.argv, len(parser.anchor_defaults[0]) > 3
     if several and "--dali_cpu" in argv:
         return (1,)
