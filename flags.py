@@ -522,6 +522,16 @@ EXCLUSIVE = (
         "compiling off; pass one of the two",
     ),
     (
+        {"crop_size": None, "train_crop_size": None},
+        "--crop-size {crop_size} sets --train-crop-size and --val-crop-size; --train-crop-size "
+        "{train_crop_size} too: pass one of the two",
+    ),
+    (
+        {"crop_size": None, "val_crop_size": None},
+        "--crop-size {crop_size} sets --train-crop-size and --val-crop-size; --val-crop-size "
+        "{val_crop_size} too: pass one of the two",
+    ),
+    (
         {"dali_device": "gpu", "device": "cpu"},
         "--dali-device gpu puts the batches on the GPU; --device cpu needs them on the CPU",
     ),
@@ -547,6 +557,7 @@ ACTS_WITH = {
     "lr_base_scale": ("lr", (None,), "--lr is the rate itself and wins, as in timm"),
     "unet_width": ("arch", ("unet",), "only --arch unet takes it"),
     "tta": ("predict", None, "only --predict takes it"),
+    "hw_decoder_load": ("decoder", ("mixed",), "only --decoder mixed takes it"),
 }
 # The anchors whose defaults a trainer's ANCHOR_DEFAULTS compares with ours, in its columns' order.
 ANCHORS = ("torchvision's reference", "DALI's ResNet-50 example", "pytorch/examples' main.py")

@@ -2474,6 +2474,13 @@ DEFAULTS_SAID = [
         "note: --momentum 0.8 has no effect: only --opt sgd takes it\n"
         "note: --warmup-lr 1e-05 has no effect: the run has no warm-up (--lr-warmup-epochs)\n",
     ),
+    (
+        "--data /data --decoder cpu --hw-decoder-load 0.5",
+        "note: defaults that differ from torchvision's reference: --arch resnet50 (its: --arch "
+        "resnet18), --lr-scheduler cosine (its: --lr-scheduler steplr), -b 256 on a GPU (its: -b "
+        "32), --lr-base 0.1 per 256 images (its: --lr 0.1)\n"
+        "note: --hw-decoder-load 0.5 has no effect: only --decoder mixed takes it\n",
+    ),
     ("--data-path /data --model resnet18 --lr 0.1 --lr-scheduler steplr -b 32", ""),
     ("--data /data --resume run/checkpoint.pth", ""),  # its run's flags: resume.py's lines
 ]
@@ -2485,8 +2492,11 @@ def test_a_fresh_run_names_the_defaults_that_differ_from_its_commands_anchor(com
     assert capsys.readouterr().out == told
 
 
+TWO_VALUES = " give one flag two values; pass one of them"
+
+
 @pytest.mark.parametrize(
-    "command, named",
+    "command, told",
     [
         ("--smoothing 0.1 --label-smoothing 0.2", "--smoothing 0.1 and --label-smoothing 0.2"),
         ("--sched cosine --lr-scheduler steplr", "--sched cosine and --lr-scheduler steplr"),
@@ -2497,17 +2507,22 @@ def test_a_fresh_run_names_the_defaults_that_differ_from_its_commands_anchor(com
         ("--model-ema --no-model-ema", "--model-ema and --no-model-ema"),
     ],
 )
-def test_an_alias_beside_its_flag_with_another_value_is_refused_naming_both(command, named, capsys):
+def test_an_alias_beside_its_flag_with_another_value_is_refused_naming_both(command, told, capsys):
     with pytest.raises(SystemExit) as e:
         train_classify.parse_args(["--data", "/x", *command.split()])
-    assert e.value.code == 2 and capsys.readouterr().err == (
-        f"error: {named} give one flag two values; pass one of them\n"
-    )
+    assert e.value.code == 2 and capsys.readouterr().err == f"error: {told}{TWO_VALUES}\n"
     # the same value under both names is one meaning: taken
     same = train_classify.parse_args(
         ["--data", "/x", "--sched", "steplr", "--lr-scheduler", "step"]
     )
     assert same.lr_scheduler == "step"
+    # --crop-size (timm's --img-size) sets both crops: beside either, one line
+    with pytest.raises(SystemExit) as e:
+        train_classify.parse_args(["--data", "/x", "--img-size", "192", "--train-crop-size", "176"])
+    assert e.value.code == 2 and capsys.readouterr().err == (
+        "error: --crop-size 192 sets --train-crop-size and --val-crop-size; --train-crop-size 176 "
+        "too: pass one of the two\n"
+    )
 
 
 @pytest.mark.parametrize("script", ["train_classify.py", "train_segment.py"])
