@@ -726,6 +726,30 @@ def note(line):
     print(f"note: {line}", flush=True)
 
 
+def broken_install(error):
+    """One line where torch, torchvision or DALI cannot be imported, or not together (a CUDA
+    torchvision beside a CPU torch cannot load its operators): the versions installed, the error,
+    and how to install a matching set."""
+    from importlib import metadata
+
+    names = ("torch", "torchvision", "nvidia-dali")
+    installed = [
+        f"{d.metadata['Name']} {d.version}"
+        for d in metadata.distributions()
+        if d.metadata["Name"] in names[:2] or d.metadata["Name"].startswith(names[2])
+    ]
+    why = (str(error).strip().splitlines() or [type(error).__name__])[0]
+    print(
+        f"error: torch, torchvision and DALI do not load together ({why}); installed: "
+        f"{', '.join(sorted(installed)) or 'none of them'}; install torch and torchvision from one "
+        f"index (pip install torch torchvision --index-url https://download.pytorch.org/whl/cpu, "
+        f"or .../whl/cu128 for CUDA 12.8) and DALI for that CUDA: pip install -r requirements.txt",
+        file=sys.stderr,
+        flush=True,
+    )
+    sys.exit(2)
+
+
 def require(feature, *modules):
     """Where ``feature`` (a flag) needs ``modules`` and one is not beside the trainer, one line
     that names the files to copy: a fresh run imports none of resume.py, predict.py and
