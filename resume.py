@@ -111,6 +111,9 @@ SCORED_AS_TRAINED = (
     "size",
 )
 RESCORABLE = ("val_resize_size", "val_crop_size", "size")
+# --evaluate scores what its run validated, its EMA too where it kept one: --model-ema is the run's
+# unless given (--no-model-ema: the raw model).
+EVALUATED_AS_TRAINED = SCORED_AS_TRAINED + ("model_ema",)
 
 
 def load(args, world):
@@ -197,8 +200,11 @@ def take_run_flags(args, ckpt, world, source, scoring):
     SCORED_AS_TRAINED flags alone."""
     saved, given = ckpt["args"], args.given
     names = SCORED_AS_TRAINED if scoring else list(vars(args))
+    if args.evaluate:
+        names = EVALUATED_AS_TRAINED
     own = COMMAND_FLAGS + RATE_FLAGS + ("batch_size",)  # not compared, or by rules of their own
-    ours = RESCORABLE if scoring else MAY_CHANGE + SCHEDULE_FLAGS  # the command's, where given
+    # the command's, where given
+    ours = RESCORABLE + ("model_ema",) if scoring else MAY_CHANGE + SCHEDULE_FLAGS
     if not scoring:
         take_run_rate(args, ckpt, world, source)
         take_run_batch(args, ckpt, world)
@@ -222,6 +228,8 @@ def take_run_flags(args, ckpt, world, source, scoring):
         what = "--evaluate" if args.evaluate else "--predict" if scoring else "--resume"
         flags = " ".join(flag_text(k, getattr(args, k)) for k in taken)
         print(f"{what}: {flags}, as in {source}", flush=True)
+    if world.main and args.evaluate and args.model_ema:
+        print(f"--evaluate: scores the EMA of {source}; --no-model-ema: its raw model", flush=True)
     if world.main and changed:
         flags = " ".join(flag_text(k, getattr(args, k)) for k, _ in changed)
         had = " ".join(flag_text(k, v) for k, v in changed)

@@ -69,3 +69,28 @@ def test_launch_answers_help_before_the_training_script_only():
     assert not asks_for_help(["train_classify.py", "--help"])
     assert not asks_for_help(["--standalone", "train_classify.py", "-h"])
     assert not asks_for_help([])
+
+
+@pytest.mark.parametrize("script", ["train_classify.py", "train_segment.py"])
+def test_help_names_each_default_that_differs_from_the_anchors_and_the_table_is_ours(script):
+    """The trainer's ANCHOR_DEFAULTS, one table: --help lists each row, and each row's "ours"
+    holds the trainer's default (-b's, which the device sets, as its help says)."""
+    import importlib
+
+    trainer = importlib.import_module(script[:-3])
+    parser = trainer.get_args_parser()
+    text, _ = help_run(script)
+    shown = " ".join(text.split())
+    assert "Defaults that differ from the anchors', each with the flag that does as the anchor" in (
+        shown
+    )
+    for dest, ours, *theirs in trainer.ANCHOR_DEFAULTS:
+        assert ours in shown and all(t in shown for t in theirs if t), dest
+        default = parser.get_default(dest)
+        assert default is None or ours.endswith(f" {default}") or f" {default} " in ours, dest
+    if script == "train_classify.py":
+        assert (
+            "--lr-scheduler cosine (torchvision's reference: --lr-scheduler steplr; DALI's "
+            "ResNet-50 example: --lr-scheduler step, the nearest: it decays at epochs 30, 60 and "
+            "80; pytorch/examples' main.py: --lr-scheduler step)" in shown
+        )

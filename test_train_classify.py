@@ -1055,21 +1055,21 @@ def test_model_ema_is_checkpointed_and_is_what_evaluate_scores(tmp_path):
     assert averaged.keys() == ckpt["model"].keys()
     assert ckpt["model_ema"]["n_averaged"] == 6  # 3 steps x 2 epochs, one update each
     assert not torch.equal(averaged["fc.weight"], ckpt["model"]["fc.weight"])
-    last = records(out, "epoch")[-1]
+    last, path = records(out, "epoch")[-1], os.path.join(out, "checkpoint.pth")
+    # --evaluate takes the run's EMA as it takes its model, and says how to score the other; its
+    # log has no training set-up (the batch and rate of this command, not the run's)
     evaluated = str(tmp_path / "e")
-    run(
-        "--data",
-        root,
-        *TINY,
-        *ema,
-        "--resume",
-        os.path.join(out, "checkpoint.pth"),
-        "--evaluate",
-        "--output-dir",
-        evaluated,
-    )
+    proc = run("--data", root, *TINY, "--resume", path, "--evaluate", "--output-dir", evaluated)
+    assert f"--evaluate: scores the EMA of {path}; --no-model-ema: its raw model\n" in proc.stdout
+    assert "config:" not in proc.stdout and not records(evaluated, "config")
     (score,) = records(evaluated, "eval")
     assert score["ema"] and score["val_top1"] == pytest.approx(last["ema_val_top1"], abs=1e-9)
+    raw = str(tmp_path / "r")
+    run(
+        "--data", root, *TINY, "--resume", path, "--evaluate", "--no-model-ema", "--output-dir", raw
+    )
+    (score,) = records(raw, "eval")
+    assert not score["ema"] and score["val_top1"] == pytest.approx(last["val_top1"], abs=1e-9)
 
 
 def test_sync_bn_under_cpu_training_is_refused(tmp_path):
@@ -1631,9 +1631,9 @@ def test_torchvision_device_determinism_and_dist_url_flags_parse_and_set_up(caps
     assert (parse().device, parse().use_deterministic_algorithms) == (None, False)
     assert capsys.readouterr().err == ""
     train_classify.parse_args(["--data", "x", "--dist-url", "tcp://10.0.0.1:23456"])
-    assert capsys.readouterr().err == (
+    assert (
         "note: --dist-url tcp://10.0.0.1:23456 is not used: the processes join through "
-        "torchrun's rendezvous (env://)\n"
+        "torchrun's rendezvous (env://)\n" in capsys.readouterr().out
     )
     with pytest.raises(SystemExit) as e:
         train_classify.parse_args(["--data", "x", "--device", "cpu", "--dali-device", "gpu"])
@@ -1737,17 +1737,19 @@ def test_lr_is_the_rate_itself_and_lr_base_a_rate_per_lr_base_size_images(tmp_pa
     assert (demo.lr, demo.lr_base, rate(demo, 32)[0]) == (None, 0.2, 0.025)
     assert rate(demo, 32)[1].endswith(", --data demo's; --lr sets the rate itself")
     assert train_classify.parse_args(["--data", "demo", "--lr", "0.3"]).lr_base is None
-    for flags, told in (
-        (["--lr", "0.5", "--lr-base", "0.1"], "argument --lr-base: not allowed with argument --lr"),
-        (
-            ["--lr", "0.5", "--lr-base-size", "512"],
-            "--lr-base-size 512: sets the batch of --lr-base; --lr 0.5 is the learning rate "
-            "itself, for any batch",
-        ),
-    ):
-        with pytest.raises(SystemExit) as e:
-            parse(*flags)
-        assert e.value.code == 2 and capsys.readouterr().err == f"error: {told}\n"
+    # both, as timm takes them: --lr counts, and a line says so
+    capsys.readouterr()
+    both = parse("--lr", "0.5", "--lr-base", "0.4")
+    assert rate(both, 32) == (0.5, "--lr 0.5") and both.lr_base is None
+    assert "note: --lr-base 0.4 has no effect: --lr is the rate itself and wins, as in timm\n" in (
+        capsys.readouterr().out
+    )
+    with pytest.raises(SystemExit) as e:
+        parse("--lr", "0.5", "--lr-base-size", "512")
+    assert e.value.code == 2 and capsys.readouterr().err == (
+        "error: --lr-base-size 512: sets the batch of --lr-base; --lr 0.5 is the learning rate "
+        "itself, for any batch\n"
+    )
     out = str(tmp_path / "o")
     proc = tiny_run(tiny_imagefolder(str(tmp_path / "d")), out, "--lr", "0.5")
     assert "config: lr 0.5  lr_from --lr 0.5  " in proc.stdout
@@ -1983,7 +1985,8 @@ def test_help_and_flag_errors_answer_before_torch_loads(tmp_path, script):
     shown = run("--help", script=path, env=env)
     assert shown.stdout.startswith(f"usage: {script}") and "--print-freq" in shown.stdout
     bad = run("--data", "x", "--lr", "-1", script=path, env=env, check=False)
-    assert bad.stderr == "error: argument --lr: must be > 0, got -1\n" and bad.returncode == 2
+    assert bad.returncode == 2
+    assert bad.stderr == "error: argument --lr/--learning-rate: must be > 0, got -1\n"
 
 
 def test_a_line_is_due_every_log_every_seconds_whatever_print_freq(monkeypatch):
@@ -2238,9 +2241,15 @@ def test_dalis_resnet50_example_command_trains_and_says_what_its_lr_means(tmp_pa
         *("--train-crop-size", "32", "--val-crop-size", "32", "--val-resize-size", "36"),
         *("--workers", "1", "--output-dir", out),
     )
+    told = (
+        "note: --lr 0.1 is the learning rate itself here; DALI's ResNet-50 example scales its --lr "
+        "by the global batch / 256: for that rate, write --lr-base 0.1\n"
+    )
+    assert proc.stdout.count(told) == 1  # once, though the trainer reads its flags twice
     assert (
-        "note: --lr 0.1 is the learning rate itself, as torchvision's; DALI's ResNet-50 example "
-        "scales its --lr by the global batch / 256, as --lr-base does here" in proc.stderr
+        "note: defaults that differ from DALI's ResNet-50 example: --lr-scheduler cosine (its: "
+        "--lr-scheduler step, the nearest: it decays at epochs 30, 60 and 80), "
+        "--lr-warmup-epochs 0 (its: --lr-warmup-epochs 5)\n" in proc.stdout
     )
     (config,) = records(out, "config")
     assert (config["lr"], config["args"]["arch"], config["args"]["dali_device"]) == (
@@ -2367,4 +2376,220 @@ def test_a_jpeg_whose_header_breaks_is_named_at_batch_32(tmp_path):
     proc = tiny_run(root, str(tmp_path / "o"), "--batch-size", "32", check=False)
     assert_one_line_error(
         proc, f"{bad}: cannot decode this image: its header is broken or cut short"
+    )
+
+
+# ------------------------------------------------------------------------------------------
+# commands from elsewhere: one meaning per command line, and the defaults that differ said
+# ------------------------------------------------------------------------------------------
+
+# Every flag of the anchors' parsers and README commands: torchvision's classification and
+# segmentation references, timm's train.py, DALI's ResNet-50 example (and its older flags),
+# pytorch/examples' imagenet main.py.
+ANCHOR_FLAGS = {
+    "torchvision": """--data-path --model --device -b --batch-size --epochs -j --workers --opt --lr
+    --momentum --wd --weight-decay --norm-weight-decay --bias-weight-decay
+    --transformer-embedding-decay --label-smoothing --mixup-alpha --cutmix-alpha --lr-scheduler
+    --lr-warmup-epochs --lr-warmup-method --lr-warmup-decay --lr-step-size --lr-gamma --lr-min
+    --print-freq --output-dir --resume --start-epoch --cache-dataset --sync-bn --test-only
+    --auto-augment --ra-magnitude --augmix-severity --random-erase --amp --world-size --dist-url
+    --model-ema --model-ema-steps --model-ema-decay --use-deterministic-algorithms --interpolation
+    --val-resize-size --val-crop-size --train-crop-size --clip-grad-norm --ra-sampler --ra-reps
+    --weights --backend --use-v2 --pretrained --apex --apex-opt-level""",
+    "torchvision-segmentation": """--data-path --dataset --model --aux-loss --device -b
+    --batch-size --epochs -j --workers --lr --momentum --wd --weight-decay --lr-warmup-epochs
+    --lr-warmup-method --lr-warmup-decay --print-freq --output-dir --resume --start-epoch
+    --test-only --use-deterministic-algorithms --world-size --dist-url --weights
+    --weights-backbone --amp --backend --use-v2 --pretrained""",
+    "timm": """-c --config --data-dir --dataset -d --train-split --val-split --train-num-samples
+    --val-num-samples --dataset-download --class-map --input-img-mode --input-key --target-key
+    --dataset-trust-remote-code --model --pretrained --pretrained-path --initial-checkpoint
+    --resume --no-resume-opt --num-classes --gp --img-size --in-chans --input-size --crop-pct
+    --mean --std --interpolation -b --batch-size -vb --validation-batch-size --channels-last
+    --fuser --grad-accum-steps --grad-checkpointing --fast-norm --model-kwargs --head-init-scale
+    --head-init-bias --torchcompile-mode --torchscript --torchcompile --device --amp --amp-dtype
+    --amp-impl --model-dtype --no-ddp-bb --synchronize-step --opt --opt-eps --opt-betas --momentum
+    --weight-decay --clip-grad --clip-mode --layer-decay --layer-decay-min-scale
+    --layer-decay-no-opt-scale --opt-kwargs --sched --sched-on-updates --lr --lr-base
+    --lr-base-size --lr-base-scale --lr-noise --lr-noise-pct --lr-noise-std --lr-cycle-mul
+    --lr-cycle-decay --lr-cycle-limit --lr-k-decay --warmup-lr --min-lr --epochs --epoch-repeats
+    --start-epoch --decay-milestones --decay-epochs --warmup-epochs --warmup-prefix
+    --cooldown-epochs --patience-epochs --decay-rate --dr --no-aug --train-crop-mode --scale
+    --ratio --hflip --vflip --color-jitter --color-jitter-prob --grayscale-prob
+    --gaussian-blur-prob --aa --aug-repeats --aug-splits --jsd-loss --jsd --bce-loss --bce-sum
+    --bce-target-thresh --bce-pos-weight --reprob --remode --recount --resplit --mixup --cutmix
+    --cutmix-minmax --mixup-prob --mixup-switch-prob --mixup-mode --mixup-off-epoch --smoothing
+    --train-interpolation --drop --drop-connect --drop-path --drop-block --bn-momentum --bn-eps
+    --sync-bn --dist-bn --split-bn --model-ema --model-ema-force-cpu --model-ema-decay
+    --model-ema-warmup --seed --worker-seeding --log-interval --recovery-interval
+    --checkpoint-hist -j --workers --save-images --pin-mem --no-prefetcher --output --experiment
+    --eval-metric --tta --local_rank --use-multi-epochs-loader --log-wandb --wandb-project
+    --wandb-tags --wandb-resume-id""",
+    "dali": """--arch -a -j --workers --epochs --start-epoch -b --batch-size --lr --learning-rate
+    --momentum --weight-decay --wd --print-freq -p --resume -e --evaluate --pretrained --dali_cpu
+    --data_loader --prof --deterministic --fp16-mode --loss-scale --channels-last -t --test
+    --local_rank --sync_bn --opt-level --keep-batchnorm-fp32 --static-loss-scale
+    --dynamic-loss-scale --disable_dali""",
+    "examples": """-a --arch -j --workers --epochs --start-epoch -b --batch-size --lr --learning-rate
+    --momentum --wd --weight-decay -p --print-freq --resume -e --evaluate --pretrained --world-size
+    --rank --dist-url --dist-backend --seed --gpu --no-accel --multiprocessing-distributed
+    --dummy""",
+}
+
+
+@pytest.mark.parametrize("anchor", sorted(ANCHOR_FLAGS))
+def test_every_flag_of_the_anchors_is_taken_or_answered_in_its_own_line(anchor):
+    """Each is ours (taken), or a line of its own that names it and says what to write: never a
+    "did you mean" to an unrelated flag of ours (torchvision's --dataset coco was "did you mean
+    --data?", timm's --remode pixel "did you mean --model?")."""
+    import flags
+
+    segmentation = anchor == "torchvision-segmentation"
+    parser = __import__("train_segment" if segmentation else "train_classify").get_args_parser()
+    for flag in ANCHOR_FLAGS[anchor].split():
+        answer = flags.unknown_flag(parser, [flag])
+        assert answer is None or (answer.startswith(f"{flag}: ") and "did you mean" not in answer)
+    assert flags.unknown_flag(parser, ["--remode", "pixel"]) == (
+        "--remode: timm's random-erase fill: not here; --random-erase fills the box with 0 after "
+        "normalization (timm's const, torchvision's); leave it out"
+    )
+    assert flags.unknown_flag(parser, ["--sced"]).endswith("did you mean --sched?")  # a typo
+
+
+# (command, the lines a fresh run's start-up gives of it)
+DEFAULTS_SAID = [
+    (
+        "--data-path /data --model resnet50",  # torchvision's reference's form
+        "note: defaults that differ from torchvision's reference: --lr-scheduler cosine (its: "
+        "--lr-scheduler steplr), -b 256 on a GPU (its: -b 32), --lr-base 0.1 per 256 images "
+        "(its: --lr 0.1)\n",
+    ),
+    (
+        "-a resnet50 --dali_cpu -b 256 /data",  # DALI's example's
+        "note: defaults that differ from DALI's ResNet-50 example: --lr-scheduler cosine (its: "
+        "--lr-scheduler step, the nearest: it decays at epochs 30, 60 and 80), --lr-warmup-epochs "
+        "0 (its: --lr-warmup-epochs 5)\n",
+    ),
+    (
+        "-a resnet18 --lr 0.1 --epochs 90 /data",  # DALI's example's or pytorch/examples'
+        "note: --lr 0.1 is the learning rate itself here, as in pytorch/examples' main.py; DALI's "
+        "ResNet-50 example scales its --lr by the global batch / 256: for that rate, write "
+        "--lr-base 0.1\n"
+        "note: defaults that differ from DALI's ResNet-50 example: --lr-scheduler cosine (its: "
+        "--lr-scheduler step, the nearest: it decays at epochs 30, 60 and 80), --lr-warmup-epochs "
+        "0 (its: --lr-warmup-epochs 5)\n"
+        "note: defaults that differ from pytorch/examples' main.py: --lr-scheduler cosine (its: "
+        "--lr-scheduler step), -b 256 on a GPU (its: -b 256 shared by the node's GPUs: here -b is "
+        "each GPU's)\n",
+    ),
+    (
+        "--data demo --lr-scheduler step",
+        "note: --data demo's own settings: --train-crop-size 64 (else 224), --val-resize-size 73 "
+        "(else 256), --val-crop-size 64 (else 224), --arch resnet18 (else resnet50), --epochs 6 "
+        "(else 90), --lr-base 0.2 (else 0.1), --print-freq 10 (else 50)\n",
+    ),
+    (
+        "--data-path /data --model resnet18 --lr 0.5 --lr-scheduler steplr --lr-warmup-epochs 5 "
+        "--epochs 2 --model-ema -b 32",
+        "note: defaults that differ from torchvision's reference: --lr-warmup-method linear (its: "
+        "--lr-warmup-method constant)\n"
+        "note: --lr-warmup-epochs 5 lasts the whole run (--epochs 2): the rate never reaches its "
+        "peak and --lr-scheduler step never starts; --model-ema copies the weights at each update\n",
+    ),
+    (
+        "--data-path /data --model resnet18 --lr 0.1 --lr-scheduler steplr -b 32 --warmup-lr 1e-5 "
+        "--model-ema-steps 8 --opt adamw --momentum 0.8 --min-lr 0.001 --lr-base-scale sqrt",
+        "note: --lr-base-scale sqrt has no effect: --lr is the rate itself and wins, as in timm\n"
+        "note: --lr-min 0.001 has no effect: only --lr-scheduler cosine takes it\n"
+        "note: --model-ema-steps 8 has no effect: only --model-ema takes it\n"
+        "note: --momentum 0.8 has no effect: only --opt sgd takes it\n"
+        "note: --warmup-lr 1e-05 has no effect: the run has no warm-up (--lr-warmup-epochs)\n",
+    ),
+    (
+        "--data /data --decoder cpu --hw-decoder-load 0.5",
+        "note: defaults that differ from torchvision's reference: --arch resnet50 (its: --arch "
+        "resnet18), --lr-scheduler cosine (its: --lr-scheduler steplr), -b 256 on a GPU (its: -b "
+        "32), --lr-base 0.1 per 256 images (its: --lr 0.1)\n"
+        "note: --hw-decoder-load 0.5 has no effect: only --decoder mixed takes it\n",
+    ),
+    ("--data-path /data --model resnet18 --lr 0.1 --lr-scheduler steplr -b 32", ""),
+    ("--data /data --resume run/checkpoint.pth", ""),  # its run's flags: resume.py's lines
+]
+
+
+@pytest.mark.parametrize("command, told", DEFAULTS_SAID)
+def test_a_fresh_run_names_the_defaults_that_differ_from_its_commands_anchor(command, told, capsys):
+    train_classify.parse_args(command.split())
+    assert capsys.readouterr().out == told
+
+
+TWO_VALUES = " give one flag two values; pass one of them"
+
+
+@pytest.mark.parametrize(
+    "command, told",
+    [
+        ("--smoothing 0.1 --label-smoothing 0.2", "--smoothing 0.1 and --label-smoothing 0.2"),
+        ("--sched cosine --lr-scheduler steplr", "--sched cosine and --lr-scheduler steplr"),
+        ("-a resnet50 --arch resnet18", "-a resnet50 and --arch resnet18"),
+        ("--data-path /y", "--data /x and --data-path /y"),
+        ("--dali_cpu --dali-device gpu", "--dali_cpu and --dali-device gpu"),
+        ("--lr 0.1 --learning-rate=0.2", "--lr 0.1 and --learning-rate 0.2"),
+        ("--model-ema --no-model-ema", "--model-ema and --no-model-ema"),
+    ],
+)
+def test_an_alias_beside_its_flag_with_another_value_is_refused_naming_both(command, told, capsys):
+    with pytest.raises(SystemExit) as e:
+        train_classify.parse_args(["--data", "/x", *command.split()])
+    assert e.value.code == 2 and capsys.readouterr().err == f"error: {told}{TWO_VALUES}\n"
+    # the same value under both names is one meaning: taken
+    same = train_classify.parse_args(
+        ["--data", "/x", "--sched", "steplr", "--lr-scheduler", "step"]
+    )
+    assert same.lr_scheduler == "step"
+    # --crop-size (timm's --img-size) sets both crops: beside either, one line
+    with pytest.raises(SystemExit) as e:
+        train_classify.parse_args(["--data", "/x", "--img-size", "192", "--train-crop-size", "176"])
+    assert e.value.code == 2 and capsys.readouterr().err == (
+        "error: --crop-size 192 sets --train-crop-size and --val-crop-size; --train-crop-size 176 "
+        "too: pass one of the two\n"
+    )
+
+
+@pytest.mark.parametrize("script", ["train_classify.py", "train_segment.py"])
+def test_a_torchvision_that_does_not_load_beside_torch_is_one_line(tmp_path, script):
+    """A CUDA torchvision beside a CPU torch cannot load its operators ("operator
+    torchvision::nms does not exist", a 20-line traceback): one line names the versions installed
+    and how to install a matching pair."""
+    from importlib import metadata
+
+    (tmp_path / "torchvision").mkdir()
+    (tmp_path / "torchvision" / "__init__.py").write_text(
+        "raise RuntimeError('operator torchvision::nms does not exist')\n"
+    )
+    env = {**CPU_ENV, "PYTHONPATH": str(tmp_path)}
+    proc = run("--data", "demo", check=False, env=env, script=os.path.join(HERE, script))
+    installed = ", ".join(
+        sorted(f"{name} {metadata.version(name)}" for name in ("torch", "torchvision"))
+    )
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert proc.stderr.startswith(
+        "error: torch, torchvision and DALI do not load together (operator torchvision::nms does "
+        "not exist); installed: nvidia-dali-"
+    )
+    assert installed in proc.stderr and "pip install torch torchvision --index-url" in proc.stderr
+
+
+def test_a_copy_without_data_processing_answers_data_demo_in_one_line(tmp_path):
+    folder = tmp_path / "copy"
+    folder.mkdir()
+    copied = ("pipelines.py", "data_sources.py", "training.py", "flags.py", "outputs.py")
+    for name in ("train_classify.py", *copied):  # README.md's five, and no data_processing.py
+        shutil.copy(os.path.join(HERE, name), folder)
+    env = {k: v for k, v in CPU_ENV.items() if k != "PYTHONPATH"}
+    proc = run("--data", "demo", check=False, env=env, cwd=str(folder), script="train_classify.py")
+    assert (proc.returncode, proc.stderr) == (
+        2,
+        "error: --data demo needs data_processing.py beside train_classify.py (README.md: What "
+        "to copy)\n",
     )

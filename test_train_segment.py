@@ -937,3 +937,32 @@ def test_a_fast_torchvision_model_learns_the_demo_set(tmp_path):
         "--arch lraspp_mobilenet_v3_large: segments from features at 1/16 of --size 96 (6 x 6); "
         "small objects, as the demo's nails, need --size 192 or more"
     ]
+
+
+def test_a_torchvision_command_and_the_demo_say_what_differs_from_them(capsys):
+    """torchvision's segmentation reference: fcn_resnet101, -b 8, 30 epochs, --lr 0.01, poly and
+    no warm-up. A fresh run names our defaults that differ; --data-path demo names the demo's own
+    settings, and a warm-up as long as the run; torchvision's --dataset is answered."""
+    train_segment.parse_args(["--data-path", "/data", "--model", "fcn_resnet50", "--aux-loss"])
+    assert capsys.readouterr().out == (
+        "note: defaults that differ from torchvision's reference: -b 32 (its: -b 8), --epochs 50 "
+        "(its: --epochs 30), --lr-base 0.1 per 256 images (its: --lr 0.01)\n"
+    )
+    args = train_segment.parse_args(["--data-path", "demo", "--epochs", "1", "--lr", "0.02"])
+    assert (args.lr_warmup_epochs, args.lr_scheduler, args.epochs) == (1, "cosine", 1)
+    workers = "" if min(4, os.cpu_count()) == min(8, os.cpu_count()) else "--workers 4 (else 8), "
+    assert capsys.readouterr().out == (
+        "note: defaults that differ from torchvision's reference: --arch unet (its: --arch "
+        "fcn_resnet50, the nearest: fcn_resnet101 is not here)\n"
+        f"note: --data demo's own settings: --size 96 (else 384), --unet-width 16 (else 32), "
+        f"--batch-size 8 (else 32), --lr-scheduler cosine (else poly), --lr-warmup-epochs 1 "
+        f"(else 0), {workers}--print-freq 5 (else 50)\n"
+        "note: --lr-warmup-epochs 1 lasts the whole run (--epochs 1): the rate never reaches its "
+        "peak and --lr-scheduler cosine never starts\n"
+    )
+    with pytest.raises(SystemExit) as e:
+        train_segment.parse_args(["--data-path", "/data", "--dataset", "coco"])
+    assert e.value.code == 2 and capsys.readouterr().err == (
+        "error: --dataset: torchvision's and timm's dataset name: here --data DIR names the data, "
+        "laid out as README.md's Your data says; leave it out\n"
+    )

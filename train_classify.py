@@ -44,10 +44,33 @@ DEMO_DEFAULTS = dict(
     print_freq=10,
     workers=min(4, os.cpu_count() or 1),
 )
+# The defaults here that differ from the anchors' (flags.ANCHORS): the flag, ours, then the
+# anchor's, torchvision's reference's, DALI's ResNet-50 example's and pytorch/examples' main.py's,
+# each as the flags that give it here (None: as ours). A fresh run names its command's anchor's.
+ANCHOR_DEFAULTS = (
+    ("arch", "--arch resnet50", "--arch resnet18", "--arch resnet18", "--arch resnet18"),
+    (
+        "lr_scheduler",
+        "--lr-scheduler cosine",
+        "--lr-scheduler steplr",
+        "--lr-scheduler step, the nearest: it decays at epochs 30, 60 and 80",
+        "--lr-scheduler step",
+    ),
+    ("lr_warmup_epochs", "--lr-warmup-epochs 0", None, "--lr-warmup-epochs 5", None),
+    (
+        "batch_size",
+        "-b 256 on a GPU",
+        "-b 32",
+        None,
+        "-b 256 shared by the node's GPUs: here -b is each GPU's",
+    ),
+    ("lr_base", "--lr-base 0.1 per 256 images", "--lr 0.1", None, "--lr 0.1"),
+    ("lr_warmup_method", "--lr-warmup-method linear", "--lr-warmup-method constant", None, None),
+)
 
 
 def get_args_parser():
-    parser = flags.new_parser("Image classification on DALI")
+    parser = flags.new_parser("Image classification on DALI", ANCHOR_DEFAULTS)
     g = parser.add_argument_group("data")
     g.add_argument(
         "--data",
@@ -243,19 +266,23 @@ def lacks_splits(data, isdir=os.path.isdir):
 if __name__ == "__main__":
     # --help, a bad flag and a folder --data lacks answer here, before torch and DALI take seconds
     # to load
-    data = parse_args().data
+    args = parse_args()
     if (
-        data not in (None, DEMO_DIR)
-        and "://" not in data  # s3:// is read, other schemes named: data_sources answers
-        and (why := lacks_splits(data))
+        args.data not in (None, DEMO_DIR)
+        and "://" not in args.data  # s3:// is read, other schemes named: data_sources answers
+        and (why := lacks_splits(args.data))
     ):
         print(f"error: {why}", file=sys.stderr)
         sys.exit(2)
 
-import torch
-import torch.distributed as dist
-import torchvision
-from torchvision.transforms import v2
+try:  # torchvision's operators and DALI's plugin load against this torch: one line where they don't
+    import nvidia.dali.plugin.pytorch  # noqa: F401
+    import torch
+    import torch.distributed as dist
+    import torchvision
+    from torchvision.transforms import v2
+except (ImportError, OSError, RuntimeError) as e:
+    flags.broken_install(e)
 
 import training
 from data_sources import (
@@ -737,4 +764,4 @@ def log_data(args, log, train_pipe, val_pipe, classes):
 
 
 if __name__ == "__main__":
-    training.run_main(main, parse_args())  # a UsageError or DataError: one `error:` line, exit 2
+    training.run_main(main, args)  # a UsageError or DataError: one `error:` line, exit 2

@@ -45,6 +45,14 @@ DEMO_DEFAULTS = dict(
     lr_scheduler="cosine",
     workers=min(4, os.cpu_count() or 1),
 )
+# The defaults here that differ from torchvision's segmentation reference's (flags.ANCHORS): the
+# flag, ours, then the reference's, as the flags that give it here. A fresh run names them.
+ANCHOR_DEFAULTS = (
+    ("arch", "--arch unet", "--arch fcn_resnet50, the nearest: fcn_resnet101 is not here"),
+    ("batch_size", "-b 32", "-b 8"),
+    ("epochs", "--epochs 50", "--epochs 30"),
+    ("lr_base", "--lr-base 0.1 per 256 images", "--lr 0.01"),
+)
 # The smallest --size at which a torchvision model learned the demo's nails (its features are
 # 12 x 12 there); below it the trainer says so.
 SMALLEST_INPUT = 192
@@ -67,7 +75,7 @@ ARCHS = [
 
 
 def get_args_parser():
-    parser = flags.new_parser("Semantic segmentation on DALI")
+    parser = flags.new_parser("Semantic segmentation on DALI", ANCHOR_DEFAULTS)
     g = parser.add_argument_group("data")
     g.add_argument(
         "--data",
@@ -212,18 +220,22 @@ def no_data_folder(data):
 if __name__ == "__main__":
     # --help, a bad flag and a --data that is not there answer here, before torch and DALI take
     # seconds to load
-    data = parse_args().data
-    if data and data != "demo" and "://" not in data and not os.path.isdir(data):
-        print(f"error: {no_data_folder(data)}", file=sys.stderr)
+    args = parse_args()
+    if args.data not in (None, "demo") and "://" not in args.data and not os.path.isdir(args.data):
+        print(f"error: {no_data_folder(args.data)}", file=sys.stderr)
         sys.exit(2)
 
-import torch
-import torch.distributed as dist
-import torchvision
+try:  # torchvision's operators and DALI's plugin load against this torch: one line where they don't
+    import nvidia.dali.plugin.pytorch  # noqa: F401
+    import torch
+    import torch.distributed as dist
+    import torchvision
+    from torch import nn
+    from torchvision.transforms.functional import pil_to_tensor
+    from torchvision.utils import draw_segmentation_masks, make_grid
+except (ImportError, OSError, RuntimeError) as e:
+    flags.broken_install(e)
 from PIL import Image
-from torch import nn
-from torchvision.transforms.functional import pil_to_tensor
-from torchvision.utils import draw_segmentation_masks, make_grid
 
 import training
 from data_sources import (
@@ -943,4 +955,4 @@ def batches_on_device(loader, files, device):
 
 
 if __name__ == "__main__":
-    training.run_main(main, parse_args())  # a UsageError or DataError: one `error:` line, exit 2
+    training.run_main(main, args)  # a UsageError or DataError: one `error:` line, exit 2

@@ -319,20 +319,21 @@ def prepare_model(model, args, world, steps_per_epoch, log):
     # fp16 gradients underflow without loss scaling; bf16 has fp32's range and needs none.
     scaler = torch.amp.GradScaler(world.device.type, enabled=args.amp == "fp16")
     compiled = args.compile and not args.evaluate  # --evaluate scores the plain model
-    log(
-        {
-            "type": "config",
-            "lr": lr,
-            "lr_from": lr_from,
-            "world_size": world.size,
-            "batch_size": args.batch_size,
-            "steps_per_epoch": steps_per_epoch,
-            "device": str(world.device),
-            "dali_device": args.dali_device,
-            "compiled": compiled,
-            "args": vars(args),
-        }
-    )
+    if not args.evaluate:  # a training run's set-up: --evaluate's batch and rate are not its run's
+        log(
+            {
+                "type": "config",
+                "lr": lr,
+                "lr_from": lr_from,
+                "world_size": world.size,
+                "batch_size": args.batch_size,
+                "steps_per_epoch": steps_per_epoch,
+                "device": str(world.device),
+                "dali_device": args.dali_device,
+                "compiled": compiled,
+                "args": vars(args),
+            }
+        )
     state = {
         "model": model_without_ddp,
         "model_ema": model_ema,
