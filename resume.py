@@ -8,7 +8,8 @@ A fresh run enters none of it; a trainer calls it where a checkpoint is in play:
 The rule: a resume is its run continued. Every flag is the checkpoint's, but
     COMMAND_FLAGS   this command's own: which checkpoint, where the run is, what to do with it;
     MAY_CHANGE      the run's plumbing: this command's, one line where given otherwise;
-    SCHEDULE_FLAGS  this command's: the lr schedule is drawn again from the checkpoint's step.
+    SCHEDULE_FLAGS  the run's where left out; given otherwise, this command's, and the lr schedule
+                    is drawn again from the checkpoint's step (follow_schedule's line).
 Any other flag given with another value than its run's would change what is trained or read: it
 is refused in one line. A flag the checkpoint predates was its default in that run. The global
 batch is the run's, -b its share on this number of processes (take_run_batch); the learning rate is
@@ -25,7 +26,7 @@ import warnings
 
 import torch
 
-from training import RunComplete, Start, UsageError, learning_rate, make_scheduler
+from training import RunComplete, Start, UsageError, check_whole, learning_rate, make_scheduler
 
 # What a checkpoint must hold to be resumed, or only scored (--evaluate, --predict).
 TO_RESUME = (
@@ -84,8 +85,8 @@ MAY_CHANGE = (
     "use_deterministic_algorithms",
     "hw_decoder_load",
 )
-# The flags that shape the lr schedule besides the rate (the optimizer's state holds that): this
-# command's; other values than its run's give their schedule from the checkpoint's step on.
+# The flags that shape the lr schedule besides the rate (the optimizer's state holds that): the
+# run's where left out; given with other values, their schedule from the checkpoint's step on.
 SCHEDULE_FLAGS = (
     "epochs",
     "lr_scheduler",
@@ -175,6 +176,7 @@ def of_type(value, kind):
 def load_checkpoint(path):
     if not os.path.isfile(path):
         raise UsageError(f"--resume {path}: no such checkpoint file")
+    check_whole(path, "--resume")
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:
@@ -214,7 +216,7 @@ def take_run_flags(args, ckpt, world, source, scoring):
                 raise refusal(source, name, then, now)
             if not scoring and name not in SCHEDULE_FLAGS:  # follow_schedule says the schedule's
                 changed.append((name, then))
-        elif scoring or name not in ours:
+        elif scoring or name not in MAY_CHANGE:  # --epochs left out: the run's, not the default
             setattr(args, name, then)
             taken.append(name)
     if world.main and taken:
@@ -381,14 +383,19 @@ def restore(ckpt, args, world, state, data, log, build):
     if args.evaluate:
         return Start()
     start = position(ckpt, args, world, data.steps)
+    validating = start.step == data.steps  # stopped in the epoch's validation: it runs again
     log(
         {"type": "resume", "epoch": start.epoch, "step": start.step},
-        f"resumed from {args.resume}: epoch {start.epoch}, after step {start.step} of {data.steps}",
+        f"resumed from {args.resume}: epoch {start.epoch}, after step {start.step} of {data.steps}"
+        + (", stopped in its validation: validated now" if validating else ""),
     )
-    log_new_shape(ckpt, args, world, start.step, log)
+    mid_epoch = 0 < start.step < data.steps
+    log_new_shape(ckpt, args, world, mid_epoch, log)
     if schedule:
         follow_schedule(ckpt, args, state, data.steps, schedule, log)
-    if args.loader == "dali" and ckpt["world_size"] != world.size and start.step:
+    if args.loader == "dali" and validating:
+        data.rest = NoStepLeft()
+    elif args.loader == "dali" and ckpt["world_size"] != world.size and mid_epoch:
         data.rest = RestOfEpoch(ckpt, args, world, build)
     if log.continuing:  # the steps after the checkpoint run again: their records go
         last = ckpt.get("global_step", math.inf)
@@ -453,9 +460,9 @@ def position(ckpt, args, world, steps):
         torch.set_rng_state(ckpt["rng"][world.rank])  # mixup and cutmix draw from it
     else:  # a process its run did not have: a state of its own
         torch.manual_seed(args.seed + world.rank)
-    if ckpt["step"] == steps:
+    if ckpt["step"] == steps and ckpt.get("validated", True):  # older ones: saved validated
         epoch, step = ckpt["epoch"] + 1, 0
-    else:
+    else:  # within the epoch, or after its last step and before its validation's end
         epoch, step = ckpt["epoch"], ckpt["step"]
     if epoch > args.epochs:
         raise RunComplete(
@@ -466,14 +473,14 @@ def position(ckpt, args, world, steps):
     return Start(epoch, step, ckpt["best"], loss_sum)
 
 
-def log_new_shape(ckpt, args, world, first_step, log):
+def log_new_shape(ckpt, args, world, mid_epoch, log):
     """One line where the run goes on with another number of processes: its batch per process,
-    and how the rest of a mid-epoch checkpoint's epoch is read (see RestOfEpoch)."""
+    and how the rest of a ``mid_epoch`` checkpoint's epoch is read (see RestOfEpoch)."""
     then, batch = ckpt["world_size"], ckpt["args"]["batch_size"]
     if then == world.size:
         return
     rest = ""
-    if first_step and args.loader == "dali":
+    if mid_epoch and args.loader == "dali":
         rest = (
             f"; the rest of epoch {ckpt['epoch']} reads its run's {then} shard(s) as they would "
             f"have, each remaining sample once"
@@ -551,6 +558,18 @@ def logged_after(record, last):
 
 def script():
     return os.path.basename(sys.argv[0])
+
+
+class NoStepLeft:
+    """The rest of an epoch whose steps were all trained before a stop in its validation: no batch
+    (RunData.rest), so that the epoch is validated, its record and best.pth written, and the
+    training iterator, restored at the next epoch's start, is read from the next epoch on."""
+
+    pending = True
+
+    def __iter__(self):
+        self.pending = False
+        return iter(())
 
 
 # ------------------------------------------------------------------------------------------

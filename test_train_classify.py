@@ -1293,8 +1293,15 @@ def test_error_output_dir_cannot_be_made(tmp_path):
     assert_one_line_error(proc, f"{tmp_path / 'f' / 'o'}: Not a directory; ", "permissions")
 
 
-@pytest.mark.parametrize("content", [b"", b"PK\x03\x04 truncated zip", b"not a checkpoint at all"])
-def test_error_unreadable_resume_file(tmp_path, content):
+@pytest.mark.parametrize(
+    "content,told",
+    [
+        (b"", "not a readable checkpoint"),
+        (b"PK\x03\x04 truncated zip", "damaged (cut short or overwritten"),
+        (b"not a checkpoint at all", "not a readable checkpoint"),
+    ],
+)
+def test_error_unreadable_resume_file(tmp_path, content, told):
     bad = tmp_path / "bad.pth"
     bad.write_bytes(content)
     proc = tiny_run(
@@ -1304,7 +1311,7 @@ def test_error_unreadable_resume_file(tmp_path, content):
         str(bad),
         check=False,
     )
-    assert_one_line_error(proc, f"--resume {bad}", "not a readable checkpoint")
+    assert_one_line_error(proc, f"--resume {bad}: {told}")
 
 
 def test_error_truncated_resume_file(demo_run, tmp_path):
@@ -1549,6 +1556,72 @@ def test_a_stop_signal_saves_the_step_and_resume_ends_as_an_uninterrupted_run(tm
     a, b = final_weights(whole), final_weights(stopped)
     assert max((a[k].double() - b[k].double()).abs().max().item() for k in a) <= 1e-6
     assert [r["global_step"] for r in records(stopped, "train")] == list(range(1, 41))
+
+
+# Sends the signal of argv[1] to itself after the first validation batch of the last epoch, argv[2]:
+# a stop in the run's last validation.
+SIGNAL_IN_LAST_VALIDATION = """
+import os, runpy, sys
+signum, last, sys.argv = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3:]
+sys.path.insert(0, os.path.dirname(sys.argv[0]))
+import training
+stoppable = training.StepLog.stoppable
+def signal_after_the_first(batches):
+    for batch in batches:
+        yield batch
+        os.kill(os.getpid(), signum)
+def stoppable_then_signal(self, batches):
+    return stoppable(self, signal_after_the_first(batches) if self.epoch_no == last else batches)
+training.StepLog.stoppable = stoppable_then_signal
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def test_a_stop_in_the_last_validation_validates_that_epoch_at_resume(tmp_path):
+    """SIGINT in the last epoch's validation: the resume validates that epoch (it said the run was
+    complete, the epoch never validated), writing its record and best.pth as the uninterrupted run
+    did; resumed again, the run is complete."""
+    root = tiny_imagefolder(str(tmp_path / "d"), per_class=6)
+    flags = ["--data", root, *TINY, "--epochs", "2", "--val-resize-size", "32"]
+    whole, stopped = str(tmp_path / "whole"), str(tmp_path / "stopped")
+    run(*flags, "--output-dir", whole)
+    spy = tmp_path / "signal_in_validation.py"
+    spy.write_text(SIGNAL_IN_LAST_VALIDATION)
+    command = [sys.executable, str(spy), str(int(signal.SIGINT)), "2", SCRIPT, *flags]
+    proc = subprocess.run(
+        [*command, "--output-dir", stopped], cwd=HERE, capture_output=True, text=True, env=CPU_ENV
+    )
+    path = os.path.join(stopped, "checkpoint.pth")
+    assert proc.returncode == 128 + signal.SIGINT, proc.stderr
+    assert f"at epoch 2 step 3 in validation: saved {path}" in proc.stderr
+    assert [r["epoch"] for r in records(stopped, "epoch")] == [1]
+    resumed = run(*flags, "--output-dir", stopped, "--resume", path).stdout
+    assert f"resumed from {path}: epoch 2, after step 3 of 3, stopped in its validation" in resumed
+    a, b = records(whole, "epoch"), records(stopped, "epoch")
+    assert [(r["epoch"], r["val_top1"], r["train_loss"]) for r in b] == [
+        (r["epoch"], r["val_top1"], r["train_loss"]) for r in a
+    ]
+    assert [r["global_step"] for r in records(stopped, "train")] == list(range(1, 7))
+    best = [torch.load(os.path.join(o, "best.pth"), weights_only=True) for o in (whole, stopped)]
+    assert best[0]["epoch"] == best[1]["epoch"] and best[1]["validated"]
+    again = run(*flags, "--output-dir", stopped, "--resume", path).stdout
+    assert f"its run is complete (2 of 2 epochs, best {best[0]['best']:.3f})" in again
+
+
+def test_a_resume_takes_its_runs_schedule_flags_where_left_out(capsys):
+    """--epochs, the schedule and its warm-up left out at a resume are the run's (--epochs was the
+    trainer's default, 90), said in the line of the flags taken."""
+    ran = train_classify.parse_args(
+        ["--data", "x", "--epochs", "2", "--lr-scheduler", "steplr", "--lr-warmup-epochs", "1"]
+    )
+    ran.batch_size = 8
+    args = train_classify.parse_args(["--data", "x", "--resume", "c.pth"])
+    resume.take_run_flags(
+        args, {"args": vars(ran), "world_size": 1}, training.World(), "c.pth", False
+    )
+    assert (args.epochs, args.lr_scheduler, args.lr_warmup_epochs) == (2, "step", 1)
+    told = capsys.readouterr().out
+    assert "--epochs 2" in told and "--lr-scheduler step " in told and "as in c.pth" in told
 
 
 def test_a_new_run_in_a_folder_whose_run_left_no_checkpoint_logs_alone(tmp_path):
