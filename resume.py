@@ -143,9 +143,7 @@ def load(args, world):
             f"--resume {args.resume}: lacks {', '.join(missing)}, which {script()} writes in "
             f"every checkpoint (an older version's or an edited file); start anew, or --weights it"
         )
-    saved = [(k, ckpt[k]) for k in CHECKPOINT_TYPES if k in ckpt]
-    saved += [(f"args.{k}", ckpt["args"][k]) for k in ("batch_size",) if k in ckpt["args"]]
-    if wrong := [k for k, v in saved if not of_type(v, CHECKPOINT_TYPES[k.removeprefix("args.")])]:
+    if wrong := malformed(ckpt):
         raise UsageError(
             f"--resume {args.resume}: its {', '.join(wrong)} of another type than {script()} "
             f"writes (an edited or damaged file); start anew, or --weights it"
@@ -163,6 +161,34 @@ def load(args, world):
             f"or --weights it"
         )
     return ckpt
+
+
+def malformed(ckpt):
+    """What of ``ckpt`` is of another type than the trainers write it: CHECKPOINT_TYPES, a batch of
+    at least 1, the rate flags numbers (or unset), the DALI states one byte string a process."""
+    saved = [(k, ckpt[k]) for k in CHECKPOINT_TYPES if k in ckpt]
+    saved += [(f"args.{k}", ckpt["args"][k]) for k in ("batch_size",) if k in ckpt["args"]]
+    wrong = [k for k, v in saved if not of_type(v, CHECKPOINT_TYPES[k.removeprefix("args.")])]
+    if "args.batch_size" not in wrong and ckpt["args"].get("batch_size", 1) < 1:
+        wrong.append("args.batch_size")
+    rates = [k for k in RATE_FLAGS if ckpt["args"].get(k) is not None]
+    wrong += [f"args.{k}" for k in rates if not of_type(ckpt["args"][k], float)]
+    dali = ckpt.get("dali")
+    states = isinstance(dali, list) and all(isinstance(state, bytes) for state in dali)
+    if dali is not None and not (states and len(dali) == ckpt.get("world_size", len(dali))):
+        wrong.append("dali")
+    return wrong
+
+
+def same_kind(then, now):
+    """Whether a flag's value in a checkpoint, ``then``, is of the kind this command gives it,
+    ``now``: either unset, both numbers, both lists, or of one type."""
+    if then is None or now is None:
+        return True
+    if of_type(then, float) and of_type(now, float):
+        return True
+    lists = (list, tuple)
+    return isinstance(then, lists) and isinstance(now, lists) or type(then) is type(now)
 
 
 def of_type(value, kind):
@@ -197,6 +223,12 @@ def take_run_flags(args, ckpt, world, source, scoring):
     file, is named in the lines it gives. ``scoring``: --evaluate or --predict, which take the
     SCORED_AS_TRAINED flags alone."""
     saved, given = ckpt["args"], args.given
+    if alien := [k for k in SCORED_AS_TRAINED if k in saved and not hasattr(args, k)]:
+        raise UsageError(
+            f"{source}: another task's checkpoint (--arch {saved.get('arch')}, "
+            f"{flag_text(alien[0], saved[alien[0]])}, a flag {script()} lacks); pass it to the "
+            f"trainer that wrote it"
+        )
     names = SCORED_AS_TRAINED if scoring else list(vars(args))
     own = COMMAND_FLAGS + RATE_FLAGS + ("batch_size",)  # not compared, or by rules of their own
     ours = RESCORABLE if scoring else MAY_CHANGE + SCHEDULE_FLAGS  # the command's, where given
@@ -209,6 +241,11 @@ def take_run_flags(args, ckpt, world, source, scoring):
             continue
         now = getattr(args, name)
         then = saved.get(name, given.get(name, now))  # a flag it predates: its default then
+        if not same_kind(then, now):
+            raise UsageError(
+                f"{source}: its --{name.replace('_', '-')} is {then!r}, of another type than "
+                f"{script()} gives it (an edited or damaged file); start anew, or --weights it"
+            )
         if then == now:
             continue
         if name in given:
