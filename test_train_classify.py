@@ -2157,6 +2157,94 @@ def test_a_checkpoint_lacking_what_a_resume_needs_is_named_in_one_line(tmp_path,
     tiny_run(root, str(tmp_path / "e"), "--evaluate", "--resume", path)
 
 
+def flip_two_bytes_in_the_middle(path, damaged):
+    data = bytearray(open(path, "rb").read())
+    data[len(data) // 2] ^= 0xFF
+    data[len(data) // 2 + 1] ^= 0xFF
+    damaged.write_bytes(bytes(data))
+
+
+def test_a_damaged_checkpoint_is_refused_in_one_line_at_resume_evaluate_predict_and_weights(
+    tmp_path,
+):
+    """Two bytes flipped in the middle of checkpoint.pth: torch.load reads it without a word (its
+    zip's CRC-32s unchecked) and the run resumed on other weights; now --resume, --evaluate,
+    --predict (of --resume or --weights) and --weights each refuse it in one line naming it and
+    saying what to do, before anything is trained or written."""
+    root, out = tiny_imagefolder(str(tmp_path / "d")), str(tmp_path / "o")
+    tiny_run(root, out)
+    path = os.path.join(out, "checkpoint.pth")
+    flip_two_bytes_in_the_middle(path, tmp_path / "flipped.pth")
+    shutil.copy(tmp_path / "flipped.pth", path)
+    before = folder_bytes(out)
+    told = (
+        "fails its CRC-32 check), not the bytes that were written; pass a whole copy, or its "
+        "run's best.pth (another point of the run: resume from it, or --weights it)"
+    )
+    for flags in (["--epochs", "2"], ["--evaluate"]):
+        proc = tiny_run(root, out, *flags, "--resume", path, check=False)
+        assert_one_line_error(proc, f"--resume {path}: damaged (its member ", told)
+        assert folder_bytes(out) == before
+    images = os.path.join(root, "val")
+    for flag in ("--resume", "--weights"):
+        proc = run(
+            "--predict", images, flag, path, "--output-dir", str(tmp_path / "p"), check=False
+        )
+        assert_one_line_error(proc, f"{flag} {path}: damaged (its member ", told)
+    proc = tiny_run(root, str(tmp_path / "w"), "--weights", path, check=False)
+    assert_one_line_error(proc, f"--weights {path}: damaged (its member ", told)
+    assert not os.path.exists(tmp_path / "p") and not os.path.exists(tmp_path / "w")
+
+
+def test_a_cut_short_or_foreign_file_is_refused_naming_it(tmp_path):
+    """A checkpoint cut short has lost its zip's directory: damaged, named; a file that is no zip
+    (torch's older format) is left to torch.load, which names it too; a whole one passes."""
+    saved = tmp_path / "whole.pth"
+    torch.save({"model": torchvision.models.resnet18().state_dict(), "args": {}}, saved)
+    training.check_whole(str(saved), "--resume")
+    (tmp_path / "cut.pth").write_bytes(saved.read_bytes()[: saved.stat().st_size // 3])
+    with pytest.raises(training.UsageError) as refused:
+        training.check_whole(str(tmp_path / "cut.pth"), "--weights")
+    assert str(refused.value).startswith(
+        f"--weights {tmp_path / 'cut.pth'}: damaged (cut short or overwritten: "
+    )
+    (tmp_path / "text.pth").write_text("not a checkpoint")
+    training.check_whole(str(tmp_path / "text.pth"), "--resume")
+    with pytest.raises(training.UsageError, match="not a readable checkpoint"):
+        resume.load_checkpoint(str(tmp_path / "text.pth"))
+
+
+@pytest.mark.parametrize(
+    "edit,told",
+    [
+        (("dali", None, ["garbage"]), "its dali of another type"),
+        (("dali", None, 5), "its dali of another type"),
+        (("args", "batch_size", 0), "its args.batch_size of another type"),
+        (("args", "lr", [0.1]), "its args.lr of another type"),
+        (("args", "wd", "x"), "its --wd is 'x', of another type than"),
+        (("args", "epochs", [3]), "its --epochs is [3], of another type"),
+    ],
+)
+def test_an_edited_checkpoint_is_one_line(tmp_path, edit, told):
+    """A checkpoint whose DALI states, batch, rate or another flag were edited to another type
+    (its CRCs whole: it was saved again) was a traceback; now one line."""
+    key, flag, value = edit
+    ran = train_classify.parse_args(["--data", "x", "--epochs", "2"])
+    ran.batch_size, ran.given = 8, {}
+    ckpt = {k: None for k in resume.TO_RESUME}
+    ckpt.update(epoch=1, step=3, world_size=1, num_samples=24, best=50.0, classes=["a"], rng=[])
+    ckpt.update(model={}, args=vars(ran), dali=[b"state"])
+    if flag:
+        ckpt["args"][flag] = value
+    else:
+        ckpt[key] = value
+    torch.save(ckpt, tmp_path / "c.pth")
+    args = train_classify.parse_args(["--data", "x", "--resume", str(tmp_path / "c.pth")])
+    with pytest.raises(training.UsageError) as refused:
+        resume.load(args, training.World())
+    assert told in str(refused.value) and "(an edited or damaged file)" in str(refused.value)
+
+
 def test_srun_tasks_without_torchrun_are_refused_in_one_line(tmp_path):
     """srun -n 4 python train_classify.py: four processes with SLURM's variables and none of
     torchrun's would each train alone, world size 1."""
