@@ -16,6 +16,7 @@ import struct
 import subprocess
 import sys
 import time
+import urllib.error
 import zlib
 from types import SimpleNamespace
 
@@ -1962,6 +1963,30 @@ def test_bad_weights_are_one_error_line(tmp_path):
     assert_one_line_error(
         tiny_run(root, str(tmp_path / "c"), "--weights", str(tmp_path / "junk.pth"), check=False),
         f"--weights {tmp_path / 'junk.pth'}: neither a weights file",
+    )
+
+
+def test_a_weights_name_that_cannot_be_downloaded_says_so_and_where_torch_looks(
+    tmp_path, monkeypatch
+):
+    """Offline, --weights NAME said it was neither a file nor a torchvision weights name; now: its
+    download failed, the file torch's cache looks for, and how to run without it."""
+    monkeypatch.setattr(torch.hub, "_hub_dir", str(tmp_path / "hub"))
+
+    def offline(url, dst, *args, **kwargs):
+        raise urllib.error.URLError(OSError(101, "Network is unreachable"))
+
+    monkeypatch.setattr(torch.hub, "download_url_to_file", offline)
+    name = "ResNet18_Weights.IMAGENET1K_V1"
+    args = train_classify.parse_args(["--data", "x", "--arch", "resnet18", "--weights", name])
+    url = torchvision.models.get_weight(name).url
+    with pytest.raises(training.UsageError) as refused:
+        training.load_weights(torchvision.models.resnet18(), args)
+    cached = tmp_path / "hub" / "checkpoints" / os.path.basename(url)
+    assert str(refused.value) == (
+        f"--weights {name}: its download failed (<urlopen error [Errno 101] Network is "
+        f"unreachable>), as it does without a network; copy {url} to {cached}, where torch looks "
+        f"before downloading, or pass its path to --weights"
     )
 
 
