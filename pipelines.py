@@ -1017,7 +1017,8 @@ IGNORED_KEYS = (
 def fetch_dali_loader(imgs, lbls, batch_size, mode, **kwargs):
     """The segmentation pipeline for ``mode``: ``SegmentTrainPipeline`` for "train",
     ``SegmentValPipeline`` for "eval" or "test", over ``.npy`` files paired by position (``imgs[i]``
-    with ``lbls[i]``).
+    with ``lbls[i]``): any iterable of paths (a list, a generator, a NumPy array, ``pathlib.Path``
+    items), not a single path.
 
     Returns the pipeline, as the nail-segmentation write-up's loader does: wrap it with
     ``segment_iterator(pipe)``, or with the write-up's ``DALIGenericIterator`` subclass
@@ -1040,6 +1041,11 @@ def fetch_dali_loader(imgs, lbls, batch_size, mode, **kwargs):
     """
     if mode not in SEGMENT_PIPELINES:
         raise ValueError(f"mode must be one of {', '.join(SEGMENT_PIPELINES)}, got {mode!r}")
+    for name, paths in (("imgs", imgs), ("lbls", lbls)):
+        if isinstance(paths, (str, bytes, os.PathLike)):  # else read letter by letter
+            raise TypeError(
+                f"{name} is one path, {paths!r}: expected a list of paths, one a sample"
+            )
     augmentations = tuple(field.name for field in dataclasses.fields(Augmentations))
     known = PIPELINE_KEYS + augmentations + VAL_KEYS + WRITEUP_KEYS
     unknown = [key for key in kwargs if key not in known + IGNORED_KEYS]

@@ -12,7 +12,7 @@ from PIL import Image
 import resume
 from data_sources import walk
 from outputs import atomic_open
-from training import UsageError, named_as, read_weights
+from training import UsageError, check_whole, named_as, read_weights
 
 # What --predict reads: PNG and JPEG files, known by their extension (any case).
 PREDICT_EXTENSIONS = (".png", ".jpg", ".jpeg")
@@ -43,6 +43,8 @@ def checkpoint_to_predict(args, world):
         )
     if args.resume:
         return resume.load(args, world)
+    if os.path.isfile(args.weights):  # else torch.load's line names it
+        check_whole(args.weights, "--weights")
     try:
         ckpt = read_weights(args.weights)
     except Exception as e:

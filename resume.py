@@ -8,7 +8,8 @@ A fresh run enters none of it; a trainer calls it where a checkpoint is in play:
 The rule: a resume is its run continued. Every flag is the checkpoint's, but
     COMMAND_FLAGS   this command's own: which checkpoint, where the run is, what to do with it;
     MAY_CHANGE      the run's plumbing: this command's, one line where given otherwise;
-    SCHEDULE_FLAGS  this command's: the lr schedule is drawn again from the checkpoint's step.
+    SCHEDULE_FLAGS  the run's where left out; given otherwise, this command's, and the lr schedule
+                    is drawn again from the checkpoint's step (follow_schedule's line).
 Any other flag given with another value than its run's would change what is trained or read: it
 is refused in one line. A flag the checkpoint predates was its default in that run. The global
 batch is the run's, -b its share on this number of processes (take_run_batch); the learning rate is
@@ -26,7 +27,15 @@ import warnings
 
 import torch
 
-from training import COMPILE_CACHE, RunComplete, Start, UsageError, learning_rate, make_scheduler
+from training import (
+    COMPILE_CACHE,
+    RunComplete,
+    Start,
+    UsageError,
+    check_whole,
+    learning_rate,
+    make_scheduler,
+)
 
 # What a checkpoint must hold to be resumed, or only scored (--evaluate, --predict).
 TO_RESUME = (
@@ -85,8 +94,8 @@ MAY_CHANGE = (
     "use_deterministic_algorithms",
     "hw_decoder_load",
 )
-# The flags that shape the lr schedule besides the rate (the optimizer's state holds that): this
-# command's; other values than its run's give their schedule from the checkpoint's step on.
+# The flags that shape the lr schedule besides the rate (the optimizer's state holds that): the
+# run's where left out; given with other values, their schedule from the checkpoint's step on.
 SCHEDULE_FLAGS = (
     "epochs",
     "lr_scheduler",
@@ -146,9 +155,7 @@ def load(args, world):
             f"--resume {args.resume}: lacks {', '.join(missing)}, which {script()} writes in "
             f"every checkpoint (an older version's or an edited file); start anew, or --weights it"
         )
-    saved = [(k, ckpt[k]) for k in CHECKPOINT_TYPES if k in ckpt]
-    saved += [(f"args.{k}", ckpt["args"][k]) for k in ("batch_size",) if k in ckpt["args"]]
-    if wrong := [k for k, v in saved if not of_type(v, CHECKPOINT_TYPES[k.removeprefix("args.")])]:
+    if wrong := malformed(ckpt):
         raise UsageError(
             f"--resume {args.resume}: its {', '.join(wrong)} of another type than {script()} "
             f"writes (an edited or damaged file); start anew, or --weights it"
@@ -168,6 +175,34 @@ def load(args, world):
     return ckpt
 
 
+def malformed(ckpt):
+    """What of ``ckpt`` is of another type than the trainers write it: CHECKPOINT_TYPES, a batch of
+    at least 1, the rate flags numbers (or unset), the DALI states one byte string a process."""
+    saved = [(k, ckpt[k]) for k in CHECKPOINT_TYPES if k in ckpt]
+    saved += [(f"args.{k}", ckpt["args"][k]) for k in ("batch_size",) if k in ckpt["args"]]
+    wrong = [k for k, v in saved if not of_type(v, CHECKPOINT_TYPES[k.removeprefix("args.")])]
+    if "args.batch_size" not in wrong and ckpt["args"].get("batch_size", 1) < 1:
+        wrong.append("args.batch_size")
+    rates = [k for k in RATE_FLAGS if ckpt["args"].get(k) is not None]
+    wrong += [f"args.{k}" for k in rates if not of_type(ckpt["args"][k], float)]
+    dali = ckpt.get("dali")
+    states = isinstance(dali, list) and all(isinstance(state, bytes) for state in dali)
+    if dali is not None and not (states and len(dali) == ckpt.get("world_size", len(dali))):
+        wrong.append("dali")
+    return wrong
+
+
+def same_kind(then, now):
+    """Whether a flag's value in a checkpoint, ``then``, is of the kind this command gives it,
+    ``now``: either unset, both numbers, both lists, or of one type."""
+    if then is None or now is None:
+        return True
+    if of_type(then, float) and of_type(now, float):
+        return True
+    lists = (list, tuple)
+    return isinstance(then, lists) and isinstance(now, lists) or type(then) is type(now)
+
+
 def of_type(value, kind):
     """Whether ``value`` is a ``kind`` as torch.load gives it back (a float may be a whole number,
     or infinite; a bool is no number)."""
@@ -179,6 +214,7 @@ def of_type(value, kind):
 def load_checkpoint(path):
     if not os.path.isfile(path):
         raise UsageError(f"--resume {path}: no such checkpoint file")
+    check_whole(path, "--resume")
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:
@@ -199,6 +235,12 @@ def take_run_flags(args, ckpt, world, source, scoring):
     file, is named in the lines it gives. ``scoring``: --evaluate or --predict, which take the
     SCORED_AS_TRAINED flags alone."""
     saved, given = ckpt["args"], args.given
+    if alien := [k for k in SCORED_AS_TRAINED if k in saved and not hasattr(args, k)]:
+        raise UsageError(
+            f"{source}: another task's checkpoint (--arch {saved.get('arch')}, "
+            f"{flag_text(alien[0], saved[alien[0]])}, a flag {script()} lacks); pass it to the "
+            f"trainer that wrote it"
+        )
     names = SCORED_AS_TRAINED if scoring else list(vars(args))
     if args.evaluate:
         names = EVALUATED_AS_TRAINED
@@ -214,6 +256,11 @@ def take_run_flags(args, ckpt, world, source, scoring):
             continue
         now = getattr(args, name)
         then = saved.get(name, given.get(name, now))  # a flag it predates: its default then
+        if not same_kind(then, now):
+            raise UsageError(
+                f"{source}: its --{name.replace('_', '-')} is {then!r}, of another type than "
+                f"{script()} gives it (an edited or damaged file); start anew, or --weights it"
+            )
         if then == now:
             continue
         if name in given:
@@ -221,7 +268,7 @@ def take_run_flags(args, ckpt, world, source, scoring):
                 raise refusal(source, name, then, now)
             if not scoring and name not in SCHEDULE_FLAGS:  # follow_schedule says the schedule's
                 changed.append((name, then))
-        elif scoring or name not in ours:
+        elif scoring or name not in MAY_CHANGE:  # --epochs left out: the run's, not the default
             setattr(args, name, then)
             taken.append(name)
     if world.main and taken:
@@ -390,16 +437,21 @@ def restore(ckpt, args, world, state, data, log, build):
     if args.evaluate:
         return Start()
     start = position(ckpt, args, world, data.steps)
+    validating = start.step == data.steps  # stopped in the epoch's validation: it runs again
     log(
         {"type": "resume", "epoch": start.epoch, "step": start.step},
-        f"resumed from {args.resume}: epoch {start.epoch}, after step {start.step} of {data.steps}",
+        f"resumed from {args.resume}: epoch {start.epoch}, after step {start.step} of {data.steps}"
+        + (", stopped in its validation: validated now" if validating else ""),
     )
-    log_new_shape(ckpt, args, world, start.step, log)
+    mid_epoch = 0 < start.step < data.steps
+    log_new_shape(ckpt, args, world, mid_epoch, log)
     if args.compile:
         load_compile_cache(os.path.dirname(args.resume), log)
     if schedule:
         follow_schedule(ckpt, args, state, data.steps, schedule, log)
-    if args.loader == "dali" and ckpt["world_size"] != world.size and start.step:
+    if args.loader == "dali" and validating:
+        data.rest = NoStepLeft()
+    elif args.loader == "dali" and ckpt["world_size"] != world.size and mid_epoch:
         data.rest = RestOfEpoch(ckpt, args, world, build)
     if log.continuing:  # the steps after the checkpoint run again: their records go
         last = ckpt.get("global_step", math.inf)
@@ -481,9 +533,9 @@ def position(ckpt, args, world, steps):
         torch.set_rng_state(ckpt["rng"][world.rank])  # mixup and cutmix draw from it
     else:  # a process its run did not have: a state of its own
         torch.manual_seed(args.seed + world.rank)
-    if ckpt["step"] == steps:
+    if ckpt["step"] == steps and ckpt.get("validated", True):  # older ones: saved validated
         epoch, step = ckpt["epoch"] + 1, 0
-    else:
+    else:  # within the epoch, or after its last step and before its validation's end
         epoch, step = ckpt["epoch"], ckpt["step"]
     if epoch > args.epochs:
         raise RunComplete(
@@ -494,14 +546,14 @@ def position(ckpt, args, world, steps):
     return Start(epoch, step, ckpt["best"], loss_sum)
 
 
-def log_new_shape(ckpt, args, world, first_step, log):
+def log_new_shape(ckpt, args, world, mid_epoch, log):
     """One line where the run goes on with another number of processes: its batch per process,
-    and how the rest of a mid-epoch checkpoint's epoch is read (see RestOfEpoch)."""
+    and how the rest of a ``mid_epoch`` checkpoint's epoch is read (see RestOfEpoch)."""
     then, batch = ckpt["world_size"], ckpt["args"]["batch_size"]
     if then == world.size:
         return
     rest = ""
-    if first_step and args.loader == "dali":
+    if mid_epoch and args.loader == "dali":
         rest = (
             f"; the rest of epoch {ckpt['epoch']} reads its run's {then} shard(s) as they would "
             f"have, each remaining sample once"
@@ -579,6 +631,18 @@ def logged_after(record, last):
 
 def script():
     return os.path.basename(sys.argv[0])
+
+
+class NoStepLeft:
+    """The rest of an epoch whose steps were all trained before a stop in its validation: no batch
+    (RunData.rest), so that the epoch is validated, its record and best.pth written, and the
+    training iterator, restored at the next epoch's start, is read from the next epoch on."""
+
+    pending = True
+
+    def __iter__(self):
+        self.pending = False
+        return iter(())
 
 
 # ------------------------------------------------------------------------------------------

@@ -6,6 +6,7 @@ run where a CUDA device is visible (see README: they were run on an H200)."""
 
 import json
 import os
+import pathlib
 import re
 import subprocess
 import sys
@@ -1005,6 +1006,27 @@ def test_shard_from_the_environment(seg_files, monkeypatch, env, kwargs, expecte
     pipe = fetch_dali_loader(*seg_files, batch_size=5, mode="eval", size=(SEG_H, SEG_W), **kwargs)
     assert pipe.device_id is None
     assert sample_ids(seg_epoch(segment_iterator(pipe))[0]) == expected
+
+
+def test_fetch_dali_loader_takes_any_iterable_of_paths_and_refuses_one_path(seg_files):
+    """A list, tuple, generator, NumPy array of str or pathlib.Path items each read every sample
+    once, in order; a single path (str or Path) is refused in one line, not read letter by
+    letter."""
+    imgs, lbls = seg_files
+    forms = [
+        (tuple(imgs), tuple(lbls)),
+        ((f for f in imgs), (f for f in lbls)),
+        (np.array(imgs), np.array(lbls)),
+        ([pathlib.Path(f) for f in imgs], [pathlib.Path(f) for f in lbls]),
+    ]
+    for a, b in forms:
+        pipe = fetch_dali_loader(a, b, batch_size=5, mode="eval", size=(SEG_H, SEG_W))
+        assert sample_ids(seg_epoch(segment_iterator(pipe))[0]) == list(range(SEG_N))
+    for one in (imgs[0], pathlib.Path(imgs[0])):
+        with pytest.raises(TypeError, match=r"^imgs is one path, .*: expected a list of paths"):
+            fetch_dali_loader(one, lbls, batch_size=2, mode="eval")
+    with pytest.raises(TypeError, match=r"^lbls is one path"):
+        fetch_dali_loader(imgs, lbls[0], batch_size=2, mode="eval")
 
 
 def test_shard_out_of_range(seg_files, monkeypatch):

@@ -17,6 +17,7 @@ import struct
 import subprocess
 import sys
 import time
+import urllib.error
 import zlib
 from types import SimpleNamespace
 
@@ -1324,8 +1325,15 @@ def test_error_output_dir_cannot_be_made(tmp_path):
     assert_one_line_error(proc, f"{tmp_path / 'f' / 'o'}: Not a directory; ", "permissions")
 
 
-@pytest.mark.parametrize("content", [b"", b"PK\x03\x04 truncated zip", b"not a checkpoint at all"])
-def test_error_unreadable_resume_file(tmp_path, content):
+@pytest.mark.parametrize(
+    "content,told",
+    [
+        (b"", "not a readable checkpoint"),
+        (b"PK\x03\x04 truncated zip", "damaged (cut short or overwritten"),
+        (b"not a checkpoint at all", "not a readable checkpoint"),
+    ],
+)
+def test_error_unreadable_resume_file(tmp_path, content, told):
     bad = tmp_path / "bad.pth"
     bad.write_bytes(content)
     proc = tiny_run(
@@ -1335,7 +1343,7 @@ def test_error_unreadable_resume_file(tmp_path, content):
         str(bad),
         check=False,
     )
-    assert_one_line_error(proc, f"--resume {bad}", "not a readable checkpoint")
+    assert_one_line_error(proc, f"--resume {bad}: {told}")
 
 
 def test_error_truncated_resume_file(demo_run, tmp_path):
@@ -1580,6 +1588,72 @@ def test_a_stop_signal_saves_the_step_and_resume_ends_as_an_uninterrupted_run(tm
     a, b = final_weights(whole), final_weights(stopped)
     assert max((a[k].double() - b[k].double()).abs().max().item() for k in a) <= 1e-6
     assert [r["global_step"] for r in records(stopped, "train")] == list(range(1, 41))
+
+
+# Sends the signal of argv[1] to itself after the first validation batch of the last epoch, argv[2]:
+# a stop in the run's last validation.
+SIGNAL_IN_LAST_VALIDATION = """
+import os, runpy, sys
+signum, last, sys.argv = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3:]
+sys.path.insert(0, os.path.dirname(sys.argv[0]))
+import training
+stoppable = training.StepLog.stoppable
+def signal_after_the_first(batches):
+    for batch in batches:
+        yield batch
+        os.kill(os.getpid(), signum)
+def stoppable_then_signal(self, batches):
+    return stoppable(self, signal_after_the_first(batches) if self.epoch_no == last else batches)
+training.StepLog.stoppable = stoppable_then_signal
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def test_a_stop_in_the_last_validation_validates_that_epoch_at_resume(tmp_path):
+    """SIGINT in the last epoch's validation: the resume validates that epoch (it said the run was
+    complete, the epoch never validated), writing its record and best.pth as the uninterrupted run
+    did; resumed again, the run is complete."""
+    root = tiny_imagefolder(str(tmp_path / "d"), per_class=6)
+    flags = ["--data", root, *TINY, "--epochs", "2", "--val-resize-size", "32"]
+    whole, stopped = str(tmp_path / "whole"), str(tmp_path / "stopped")
+    run(*flags, "--output-dir", whole)
+    spy = tmp_path / "signal_in_validation.py"
+    spy.write_text(SIGNAL_IN_LAST_VALIDATION)
+    command = [sys.executable, str(spy), str(int(signal.SIGINT)), "2", SCRIPT, *flags]
+    proc = subprocess.run(
+        [*command, "--output-dir", stopped], cwd=HERE, capture_output=True, text=True, env=CPU_ENV
+    )
+    path = os.path.join(stopped, "checkpoint.pth")
+    assert proc.returncode == 128 + signal.SIGINT, proc.stderr
+    assert f"at epoch 2 step 3 in validation: saved {path}" in proc.stderr
+    assert [r["epoch"] for r in records(stopped, "epoch")] == [1]
+    resumed = run(*flags, "--output-dir", stopped, "--resume", path).stdout
+    assert f"resumed from {path}: epoch 2, after step 3 of 3, stopped in its validation" in resumed
+    a, b = records(whole, "epoch"), records(stopped, "epoch")
+    assert [(r["epoch"], r["val_top1"], r["train_loss"]) for r in b] == [
+        (r["epoch"], r["val_top1"], r["train_loss"]) for r in a
+    ]
+    assert [r["global_step"] for r in records(stopped, "train")] == list(range(1, 7))
+    best = [torch.load(os.path.join(o, "best.pth"), weights_only=True) for o in (whole, stopped)]
+    assert best[0]["epoch"] == best[1]["epoch"] and best[1]["validated"]
+    again = run(*flags, "--output-dir", stopped, "--resume", path).stdout
+    assert f"its run is complete (2 of 2 epochs, best {best[0]['best']:.3f})" in again
+
+
+def test_a_resume_takes_its_runs_schedule_flags_where_left_out(capsys):
+    """--epochs, the schedule and its warm-up left out at a resume are the run's (--epochs was the
+    trainer's default, 90), said in the line of the flags taken."""
+    ran = train_classify.parse_args(
+        ["--data", "x", "--epochs", "2", "--lr-scheduler", "steplr", "--lr-warmup-epochs", "1"]
+    )
+    ran.batch_size = 8
+    args = train_classify.parse_args(["--data", "x", "--resume", "c.pth"])
+    resume.take_run_flags(
+        args, {"args": vars(ran), "world_size": 1}, training.World(), "c.pth", False
+    )
+    assert (args.epochs, args.lr_scheduler, args.lr_warmup_epochs) == (2, "step", 1)
+    told = capsys.readouterr().out
+    assert "--epochs 2" in told and "--lr-scheduler step " in told and "as in c.pth" in told
 
 
 def test_a_new_run_in_a_folder_whose_run_left_no_checkpoint_logs_alone(tmp_path):
@@ -1925,6 +1999,30 @@ def test_bad_weights_are_one_error_line(tmp_path):
     )
 
 
+def test_a_weights_name_that_cannot_be_downloaded_says_so_and_where_torch_looks(
+    tmp_path, monkeypatch
+):
+    """Offline, --weights NAME said it was neither a file nor a torchvision weights name; now: its
+    download failed, the file torch's cache looks for, and how to run without it."""
+    monkeypatch.setattr(torch.hub, "_hub_dir", str(tmp_path / "hub"))
+
+    def offline(url, dst, *args, **kwargs):
+        raise urllib.error.URLError(OSError(101, "Network is unreachable"))
+
+    monkeypatch.setattr(torch.hub, "download_url_to_file", offline)
+    name = "ResNet18_Weights.IMAGENET1K_V1"
+    args = train_classify.parse_args(["--data", "x", "--arch", "resnet18", "--weights", name])
+    url = torchvision.models.get_weight(name).url
+    with pytest.raises(training.UsageError) as refused:
+        training.load_weights(torchvision.models.resnet18(), args)
+    cached = tmp_path / "hub" / "checkpoints" / os.path.basename(url)
+    assert str(refused.value) == (
+        f"--weights {name}: its download failed (<urlopen error [Errno 101] Network is "
+        f"unreachable>), as it does without a network; copy {url} to {cached}, where torch looks "
+        f"before downloading, or pass its path to --weights"
+    )
+
+
 def test_tensorboard_without_the_package_is_one_error_line(tmp_path):
     hide = tmp_path / "hide"  # a sitecustomize that makes the tensorboard package unimportable
     hide.mkdir()
@@ -2116,6 +2214,94 @@ def test_a_checkpoint_lacking_what_a_resume_needs_is_named_in_one_line(tmp_path,
     assert_one_line_error(proc, f"--resume {path}: ", named)
     # scoring it needs only its weights and classes
     tiny_run(root, str(tmp_path / "e"), "--evaluate", "--resume", path)
+
+
+def flip_two_bytes_in_the_middle(path, damaged):
+    data = bytearray(open(path, "rb").read())
+    data[len(data) // 2] ^= 0xFF
+    data[len(data) // 2 + 1] ^= 0xFF
+    damaged.write_bytes(bytes(data))
+
+
+def test_a_damaged_checkpoint_is_refused_in_one_line_at_resume_evaluate_predict_and_weights(
+    tmp_path,
+):
+    """Two bytes flipped in the middle of checkpoint.pth: torch.load reads it without a word (its
+    zip's CRC-32s unchecked) and the run resumed on other weights; now --resume, --evaluate,
+    --predict (of --resume or --weights) and --weights each refuse it in one line naming it and
+    saying what to do, before anything is trained or written."""
+    root, out = tiny_imagefolder(str(tmp_path / "d")), str(tmp_path / "o")
+    tiny_run(root, out)
+    path = os.path.join(out, "checkpoint.pth")
+    flip_two_bytes_in_the_middle(path, tmp_path / "flipped.pth")
+    shutil.copy(tmp_path / "flipped.pth", path)
+    before = folder_bytes(out)
+    told = (
+        "fails its CRC-32 check), not the bytes that were written; pass a whole copy, or its "
+        "run's best.pth (another point of the run: resume from it, or --weights it)"
+    )
+    for flags in (["--epochs", "2"], ["--evaluate"]):
+        proc = tiny_run(root, out, *flags, "--resume", path, check=False)
+        assert_one_line_error(proc, f"--resume {path}: damaged (its member ", told)
+        assert folder_bytes(out) == before
+    images = os.path.join(root, "val")
+    for flag in ("--resume", "--weights"):
+        proc = run(
+            "--predict", images, flag, path, "--output-dir", str(tmp_path / "p"), check=False
+        )
+        assert_one_line_error(proc, f"{flag} {path}: damaged (its member ", told)
+    proc = tiny_run(root, str(tmp_path / "w"), "--weights", path, check=False)
+    assert_one_line_error(proc, f"--weights {path}: damaged (its member ", told)
+    assert not os.path.exists(tmp_path / "p") and not os.path.exists(tmp_path / "w")
+
+
+def test_a_cut_short_or_foreign_file_is_refused_naming_it(tmp_path):
+    """A checkpoint cut short has lost its zip's directory: damaged, named; a file that is no zip
+    (torch's older format) is left to torch.load, which names it too; a whole one passes."""
+    saved = tmp_path / "whole.pth"
+    torch.save({"model": torchvision.models.resnet18().state_dict(), "args": {}}, saved)
+    training.check_whole(str(saved), "--resume")
+    (tmp_path / "cut.pth").write_bytes(saved.read_bytes()[: saved.stat().st_size // 3])
+    with pytest.raises(training.UsageError) as refused:
+        training.check_whole(str(tmp_path / "cut.pth"), "--weights")
+    assert str(refused.value).startswith(
+        f"--weights {tmp_path / 'cut.pth'}: damaged (cut short or overwritten: "
+    )
+    (tmp_path / "text.pth").write_text("not a checkpoint")
+    training.check_whole(str(tmp_path / "text.pth"), "--resume")
+    with pytest.raises(training.UsageError, match="not a readable checkpoint"):
+        resume.load_checkpoint(str(tmp_path / "text.pth"))
+
+
+@pytest.mark.parametrize(
+    "edit,told",
+    [
+        (("dali", None, ["garbage"]), "its dali of another type"),
+        (("dali", None, 5), "its dali of another type"),
+        (("args", "batch_size", 0), "its args.batch_size of another type"),
+        (("args", "lr", [0.1]), "its args.lr of another type"),
+        (("args", "wd", "x"), "its --wd is 'x', of another type than"),
+        (("args", "epochs", [3]), "its --epochs is [3], of another type"),
+    ],
+)
+def test_an_edited_checkpoint_is_one_line(tmp_path, edit, told):
+    """A checkpoint whose DALI states, batch, rate or another flag were edited to another type
+    (its CRCs whole: it was saved again) was a traceback; now one line."""
+    key, flag, value = edit
+    ran = train_classify.parse_args(["--data", "x", "--epochs", "2"])
+    ran.batch_size, ran.given = 8, {}
+    ckpt = {k: None for k in resume.TO_RESUME}
+    ckpt.update(epoch=1, step=3, world_size=1, num_samples=24, best=50.0, classes=["a"], rng=[])
+    ckpt.update(model={}, args=vars(ran), dali=[b"state"])
+    if flag:
+        ckpt["args"][flag] = value
+    else:
+        ckpt[key] = value
+    torch.save(ckpt, tmp_path / "c.pth")
+    args = train_classify.parse_args(["--data", "x", "--resume", str(tmp_path / "c.pth")])
+    with pytest.raises(training.UsageError) as refused:
+        resume.load(args, training.World())
+    assert told in str(refused.value) and "(an edited or damaged file)" in str(refused.value)
 
 
 def test_srun_tasks_without_torchrun_are_refused_in_one_line(tmp_path):

@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+import urllib.error
 
 import numpy as np
 import pytest
@@ -878,6 +879,55 @@ def test_torchvisions_segmentation_flags_aux_loss_and_weights_backbone(tmp_path)
     assert bad.returncode == 2 and bad.stderr.startswith(
         "error: --weights-backbone NoSuch_Weights.X: not a torchvision weights name it could load"
     )
+
+
+def test_a_backbone_name_that_cannot_be_downloaded_says_so_and_where_torch_looks(
+    tmp_path, monkeypatch
+):
+    """Offline, --weights-backbone NAME said "not a torchvision weights name", suggesting a name
+    of the same kind; now: its download failed, the file torch's cache looks for, how to go on."""
+    monkeypatch.setattr(torch.hub, "_hub_dir", str(tmp_path / "hub"))
+
+    def offline(url, dst, *args, **kwargs):
+        raise urllib.error.URLError(OSError(101, "Network is unreachable"))
+
+    monkeypatch.setattr(torch.hub, "download_url_to_file", offline)
+    name = "MobileNet_V3_Large_Weights.IMAGENET1K_V1"
+    args = train_segment.parse_args(
+        ["--data", "x", "--arch", "deeplabv3_mobilenet_v3_large", "--weights-backbone", name]
+    )
+    url = torchvision.models.get_weight(name).url
+    with pytest.raises(training.UsageError) as refused:
+        train_segment.make_model(args, 3)
+    cached = tmp_path / "hub" / "checkpoints" / os.path.basename(url)
+    assert str(refused.value) == (
+        f"--weights-backbone {name}: its download failed (<urlopen error [Errno 101] Network is "
+        f"unreachable>), as it does without a network; copy {url} to {cached}, where torch looks "
+        f"before downloading, or leave --weights-backbone out"
+    )
+
+
+def test_a_classification_checkpoint_is_one_line_naming_it(tmp_path):
+    """A classification checkpoint given to train_segment.py (--predict, --evaluate, --resume) was
+    a TypeError traceback; now one line naming the file and what it holds."""
+    ckpt = {
+        "model": {},
+        "classes": ["a", "b"],
+        "args": {"arch": "resnet18", "batch_size": 8, "val_crop_size": 32},
+    }
+    path = str(tmp_path / "classify.pth")
+    torch.save(ckpt, path)
+    told = (
+        f"{path}: another task's checkpoint (--arch resnet18, --val-crop-size 32, a flag "
+        "train_segment.py lacks); pass it to the trainer that wrote it"
+    )
+    os.makedirs(tmp_path / "images")
+    Image.new("RGB", (8, 8)).save(tmp_path / "images" / "a.png")
+    for flags in (
+        ["--predict", str(tmp_path / "images"), "--resume", path, "--output-dir", str(tmp_path)],
+        ["--data", prepared_root(str(tmp_path / "p")), "--resume", path, "--evaluate"],
+    ):
+        assert_one_line_error(run(*flags, check=False), told)
 
 
 def binary_masks_of_255(root, n=4, size=64, value=255):

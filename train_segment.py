@@ -341,11 +341,7 @@ def torchvision_model(args):
             args.arch, args.num_classes, args.aux_loss, args.weights_backbone
         )
     except (ValueError, KeyError, OSError) as e:  # a name torchvision lacks, or no download
-        why = (str(e).strip() or type(e).__name__).splitlines()[-1][:200]
-        raise UsageError(
-            f"--weights-backbone {args.weights_backbone}: not a torchvision weights name it could "
-            f"load ({why}); expected one such as MobileNet_V3_Large_Weights.IMAGENET1K_V1"
-        ) from None
+        raise training.weights_refusal("--weights-backbone", args.weights_backbone, e) from None
 
 
 def dice_ce_loss(logits, masks, num_classes, ignore_index=None, class_weights=None):

@@ -29,6 +29,8 @@ import signal
 import sys
 import time
 import traceback
+import urllib.parse
+import zipfile
 from dataclasses import dataclass
 from typing import Any
 
@@ -389,14 +391,18 @@ def learning_rate(args, global_batch):
 def load_weights(model, args):
     """--weights: a torchvision weights name or a file (a state dict, one of our checkpoints, or
     Lightning's or timm's layout) into ``model``; tensors of another shape than the model's (a head
-    for other classes) keep their fresh initialization."""
-    name = args.weights
+    for other classes) keep their fresh initialization. A damaged file is refused (check_whole)."""
+    name, is_file = args.weights, os.path.isfile(args.weights)
+    if is_file:
+        check_whole(name, "--weights")
     try:
-        if os.path.isfile(name):
+        if is_file:
             state = read_weights(name)
         else:
             state = torchvision.models.get_weight(name).get_state_dict(progress=False)
     except Exception as e:
+        if isinstance(e, OSError) and not is_file:  # a torchvision name's download, offline
+            raise weights_refusal("--weights", name, e) from None
         why = (str(e).strip() or type(e).__name__).splitlines()[-1][:200]
         raise UsageError(
             f"--weights {name}: neither a weights file nor a torchvision weights name such as "
@@ -451,6 +457,50 @@ def read_weights(path):
     argparse.Namespace, which is plain data too."""
     with torch.serialization.safe_globals([argparse.Namespace]):
         return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def check_whole(path, flag):
+    """``path`` (a file ``flag`` names: --resume, --weights) refused in one line where it is not
+    what was written: torch.load reads torch.save's zip without checking its CRC-32s, so a damaged
+    file would load as other weights, without a word. A file in torch's older format, no zip, is
+    left to torch.load."""
+    with open(path, "rb") as f:
+        if f.read(4) != b"PK\x03\x04":  # a zip's first bytes
+            return
+    try:
+        with zipfile.ZipFile(path) as archive:
+            bad = archive.testzip()  # reads every member, checking its CRC-32
+        why = bad and f"its member {bad} fails its CRC-32 check"
+    except OSError:
+        raise
+    except Exception as e:  # no zip's directory at its end: cut short, or overwritten
+        why = f"cut short or overwritten: {str(e).strip() or type(e).__name__}"
+    if why:
+        other = "checkpoint.pth" if os.path.basename(path) == "best.pth" else "best.pth"
+        raise UsageError(
+            f"{flag} {path}: damaged ({why}), not the bytes that were written; pass a whole copy, "
+            f"or its run's {other} (another point of the run: resume from it, or --weights it)"
+        )
+
+
+def weights_refusal(flag, name, error):
+    """The line for ``flag``'s torchvision weights ``name`` that did not load: a download that
+    failed (``error``, an OSError: no network) says where torch's cache looks for the file; any
+    other ``error`` says the name is none of torchvision's."""
+    why = (str(error).strip() or type(error).__name__).splitlines()[-1][:200]
+    if not isinstance(error, OSError):
+        return UsageError(
+            f"{flag} {name}: not a torchvision weights name it could load ({why}); expected one "
+            f"such as MobileNet_V3_Large_Weights.IMAGENET1K_V1"
+        )
+    url = torchvision.models.get_weight(name).url
+    file = os.path.basename(urllib.parse.urlparse(url).path)
+    cached = os.path.join(torch.hub.get_dir(), "checkpoints", file)  # where torch.hub looks first
+    instead = f"pass its path to {flag}" if flag == "--weights" else f"leave {flag} out"
+    return UsageError(
+        f"{flag} {name}: its download failed ({why}), as it does without a network; copy {url} "
+        f"to {cached}, where torch looks before downloading, or {instead}"
+    )
 
 
 def fits_in(own, key, value):
@@ -771,6 +821,7 @@ class Checkpoints:
         if not self.world.main:
             return None
         ckpt = self.contents(epoch, step, states)
+        ckpt["validated"] = score is not None  # a stop in validation saves none (resume.position)
         if loader is not self.data.train_loader:
             ckpt.update(loader.as_saved(ckpt, states))
         for name in ("checkpoint.pth", "best.pth") if is_best else ("checkpoint.pth",):
