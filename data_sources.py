@@ -845,15 +845,17 @@ def unchanged_heads(cache, files, rels):
     try:
         with np.load(cache) as saved:
             names = saved["names"].tobytes().decode("utf-8", "surrogateescape").split("\n")
-            found = saved["size"].tolist(), saved["mtime"].tolist()
+            then = np.stack([saved["size"], saved["mtime"]], axis=1).astype(np.int64)
     except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):
         return None
-    if not len(names) == len(found[0]) == len(found[1]):  # an array's header damaged
+    if len(names) != len(then):  # an array's header damaged
         return None
-    known = dict(zip(names, zip(*found)))
-    now = [_stat(f) for f in files]
-    todo = [k for k, (rel, stats) in enumerate(zip(rels, now)) if known.get(rel) != stats]
-    return [size for size, _ in now], [mtime for _, mtime in now], todo
+    now = np.array([_stat(f) for f in files], np.int64).reshape(-1, 2)
+    if names != rels:  # files added or removed since: each found by name
+        index = {name: k for k, name in enumerate(names)}
+        then = np.array([then[index[rel]] if rel in index else (-1, -1) for rel in rels], np.int64)
+    todo = np.flatnonzero((now != then.reshape(-1, 2)).any(axis=1)).tolist()
+    return now[:, 0].tolist(), now[:, 1].tolist(), todo
 
 
 def _stat(path):
