@@ -719,13 +719,10 @@ def list_image_folder(data_dir, classes=None):
 
 def check_image_heads(files, where):
     """A ``DataError`` naming the first of the local image ``files`` (those of ``where``, a folder)
-    that does not start as an image does (see IMAGE_MAGIC): a text file, a GIF or a PDF named .jpg;
-    or a JPEG or PNG whose header is broken (broken_header). Returns their sizes in bytes.
-
-    Each file passed is kept in ``where``'s file in HEAD_CACHE with its size and modification time:
-    a later start (a resume, a requeue, another run) reads again only the files added or changed
-    since. Only the first bytes of each are read, a chunk of files per thread; a check of
-    ``LONG_CHECK`` files or more says so first, in one line."""
+    that does not start as an image does (IMAGE_MAGIC: a text file, a GIF or a PDF named .jpg) or
+    whose JPEG or PNG header is broken (broken_header); else their sizes. Those that pass are kept
+    with their sizes and times (HEAD_CACHE): a later start (a resume, a requeue, another run) reads
+    only the files added or changed. A check of LONG_CHECK files or more says so in one line."""
     prefix = where.rstrip("/") + "/"
     rels = [f[len(prefix) :] if f.startswith(prefix) else f for f in files]
     key = hashlib.sha256(os.path.realpath(where).encode("utf-8", "surrogateescape")).hexdigest()
@@ -791,10 +788,9 @@ def not_an_image(head):
 
 
 def plain_jpeg_header(head):
-    """Whether ``head`` starts with a JPEG header that PIL opens (see broken_header), told from its
-    segments alone: those PIL reads without looking inside or checks as below, each within
-    ``head``, up to the scan's, after a frame of 8-bit samples. False where PIL must tell (another
-    segment, one cut short or past ``head``, a PNG)."""
+    """Whether ``head`` starts with a JPEG header that PIL opens (broken_header), told from segments
+    PIL reads whole or checks as below, each within ``head``, a frame before the scan; False where
+    PIL must tell (another segment, one cut short or past ``head``, a PNG)."""
     pos, framed = 2, False
     while pos + 4 <= len(head):
         ff, marker, length = struct.unpack_from(">BBH", head, pos)
