@@ -42,6 +42,7 @@ import platform
 import random
 import resource
 import shlex
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -274,8 +275,16 @@ def parse_args(argv=None):
         type=int,
         help="only time train_classify.py from the command to its first training step (and its peak "
         "memory) on an ImageFolder tree of N training images in 1000 classes and N / 25.6 val images "
-        "(ImageNet: 1281167), made once under --cache-dir of hardlinks to the JPEG set; first of "
+        "(ImageNet: 1281167), made once under --cache-dir of hardlinks to the JPEG set (--num-images "
+        "of them): a fresh run, the same resumed, a new run over the checked data; first of "
         "--models, --batch-size, --workers DALI threads",
+    )
+    p.add_argument(
+        "--startup-runs",
+        metavar="N",
+        type=int,
+        default=3,
+        help="times --startup runs each of its three starts (default: 3: the median, and the spread)",
     )
     p.add_argument(
         "--quick",
@@ -1084,8 +1093,10 @@ def startup_tree(args):
     return root, counts
 
 
-def lines_to_first_step(cmd):
-    """(seconds, line) for each line ``cmd`` prints until its first training step's, which ends it."""
+def lines_to_first_step(cmd, env, stop=False):
+    """(seconds, line) for each line ``cmd`` prints until its first training step's, which ends it
+    (killed); with ``stop``, a SIGTERM then, as a cluster's requeue sends, and its lines until it has
+    saved its checkpoint and exited (not timed)."""
     start = time.perf_counter()
     proc = subprocess.Popen(
         cmd,
@@ -1094,6 +1105,7 @@ def lines_to_first_step(cmd):
         text=True,
         bufsize=1,
         cwd=os.path.dirname(os.path.abspath(__file__)),
+        env=env,
     )
     phases = []
     for line in proc.stdout:
@@ -1101,6 +1113,10 @@ def lines_to_first_step(cmd):
         log(f"  {phases[-1][0]:7.2f} s  {line.rstrip()}")
         if line.startswith("train: epoch 1 "):
             break
+    if stop:
+        proc.terminate()
+        for line in proc.stdout:
+            log(f"  (stopping)  {line.rstrip()}")
     proc.kill()
     proc.wait()
     if not phases or not phases[-1][1].startswith("train: epoch 1 "):
@@ -1111,8 +1127,11 @@ def lines_to_first_step(cmd):
 
 
 def startup(args):
-    """Seconds from ``python train_classify.py`` to its first training step, with the time to each of its first
-    log lines, and its peak memory; the imports alone timed apart."""
+    """Seconds from ``python train_classify.py`` to its first training step, --startup-runs times
+    each: a fresh run (no header check kept: every image's first bytes read), that run resumed
+    (``--resume auto`` after a SIGTERM at its first step, as a requeue), and a new run over the data
+    the first checked; the median and spread of each, the time to each of their log lines, the peak
+    memory, and the imports alone timed apart."""
     args.data_dir, _ = jpeg_set(args)
     root, counts = startup_tree(args)
     start = time.perf_counter()
@@ -1120,32 +1139,40 @@ def startup(args):
         [sys.executable, "-c", "import torch, torchvision, nvidia.dali, pipelines"], check=True
     )
     imports = time.perf_counter() - start
-    with tempfile.TemporaryDirectory() as out:
-        cmd = [
-            sys.executable,
-            "train_classify.py",
-            "--data",
-            root,
-            "--arch",
-            args.models.split(",")[0],
-            "-b",
-            str(args.batch_size),
-            "-j",
-            str(args.workers),
-            "--epochs",
-            "1",
-            "--print-freq",
-            "1",
-            "--output-dir",
-            out,
-        ] + ([] if args.gpu else ["--dali-device", "cpu"])
-        cmd += [] if args.compile else ["--no-compile"]  # a GPU run compiles in its first step
-        log(
-            f"startup: {' '.join(cmd)} ({counts['train']} train and {counts['val']} val images; imports alone "
-            f"{imports:.1f} s)"
-        )
-        phases = lines_to_first_step(cmd)
+    cmd = [sys.executable, "train_classify.py", "--data", root, "--arch", args.models.split(",")[0]]
+    cmd += [
+        "-b",
+        str(args.batch_size),
+        "-j",
+        str(args.workers),
+        "--epochs",
+        "1",
+        "--print-freq",
+        "1",
+    ]
+    cmd += [] if args.gpu else ["--dali-device", "cpu"]
+    cmd += [] if args.compile else ["--no-compile"]  # a GPU run compiles in its first step
+    log(
+        f"startup: {' '.join(cmd)} ({counts['train']} train and {counts['val']} val images; imports "
+        f"alone {imports:.1f} s)"
+    )
+    starts = ("fresh", "resume", "new_run")
+    runs = []
+    for _ in range(args.startup_runs):
+        # the load average before each start: other work on the machine slows them
+        run = dict(load=[])
+        with tempfile.TemporaryDirectory() as tmp:
+            # the header check's cache (data_sources.HEAD_CACHE) of this round alone
+            env = dict(os.environ, XDG_CACHE_HOME=os.path.join(tmp, "cache"))
+            out = ["--output-dir", os.path.join(tmp, "run")]
+            flags = (out, out + ["--resume", "auto"], ["--output-dir", os.path.join(tmp, "new")])
+            for name, more in zip(starts, flags):
+                run["load"].append(os.getloadavg()[0])
+                log(f"{name} (load average {run['load'][-1]:.2f})")
+                run[name] = lines_to_first_step(cmd + more, env, stop=name == "fresh")
+        runs.append(run)
     peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20  # KiB on Linux
+    first_steps = {k: [run[k][-1][0] for run in runs] for k in starts}
     report = dict(
         meta=meta(args),
         startup=dict(
@@ -1153,12 +1180,16 @@ def startup(args):
             train_images=counts["train"],
             val_images=counts["val"],
             imports_s=round(imports, 2),
-            first_step_s=phases[-1][0],
-            lines=phases,
+            first_step_s={
+                k: dict(median=statistics.median(v), runs=v) for k, v in first_steps.items()
+            },
+            runs=runs,
             peak_memory_gb=round(peak, 2),
         ),
     )
-    log(f"first training step after {phases[-1][0]:.1f} s; peak memory {peak:.2f} GB")
+    for k, v in first_steps.items():
+        log(f"{k}: first training step after {statistics.median(v):.1f} s (median; runs {v})")
+    log(f"peak memory {peak:.2f} GB")
     save(report, args.json)
 
 

@@ -28,7 +28,9 @@ import sys
 import tarfile
 import tempfile
 import threading
+import time
 import warnings
+import zipfile
 from concurrent.futures import ThreadPoolExecutor
 
 import google_crc32c
@@ -66,9 +68,17 @@ IMAGE_MAGIC = (
     b"\x00\x00\x00\x0cjP  \r\n\x87\n",  # JPEG 2000: the JP2 file, and the bare codestream
     b"\xff\x4f\xff\x51",
 )
-IMAGE_HEAD = 16  # bytes that hold every signature above
 # The images whose headers PIL parses before DALI reads them (see broken_header).
 PARSED_HEADERS = (b"\xff\xd8\xff", b"\x89PNG\r\n\x1a\n")
+# Bytes read from the start of each image: every signature above, and the segments of most JPEGs
+# up to their scan (plain_jpeg_header); PIL reads on in the others.
+HEAD_BYTES = 4096
+# The JPEG segments that plain_jpeg_header tells PIL opens: frames (baseline, extended,
+# progressive); those PIL reads without looking inside (DHT, DRI, COM, APP3 to APP12, APP15);
+# APP0 and APP14, whose JFIF and Adobe fields it reads from their first 7 bytes.
+JPEG_FRAMES = (0xC0, 0xC1, 0xC2)
+JPEG_PLAIN = (0xC4, 0xDD, 0xFE, *range(0xE3, 0xED), 0xEF)
+JPEG_READ_7 = (0xE0, 0xEE)
 # Files whose first bytes are read at once: on a network file system each read waits for an answer.
 HEAD_THREADS = 16
 # A set of this many images takes a while to check, a file read each: a line says so first.
@@ -84,9 +94,15 @@ WDS_IMAGE_EXTENSIONS = tuple(e[1:] for e in IMG_EXTENSIONS)
 # Longest .cls label in decimal digits: any class index that fits an int32.
 LABEL_DIGITS = 9
 # Where the index of a shard in a read-only folder goes, keyed by the shard's absolute path.
-INDEX_CACHE = os.path.join(
-    os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "dali-indexes"
-)
+CACHE_HOME = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
+INDEX_CACHE = os.path.join(CACHE_HOME, "dali-indexes")
+# Where the header check keeps the files that passed it, one file per folder of images, keyed by the
+# folder's real path: found by every later start on this machine (or on any, in a shared home), and
+# the data's folder may be read-only.
+HEAD_CACHE = os.path.join(CACHE_HOME, "dali-image-checks")
+# A file changed this recently before its check is checked again at the next start: the file
+# system's clock ticks coarsely, and a file rewritten within one tick keeps its time.
+RACY_SECONDS = 2
 # data in object storage: s3:// URLs, whose bytes DALI's readers fetch themselves
 # ------------------------------ boto3 lists the prefixes and reads the small files (classes.txt,
 # manifest.json, index summaries, digests): its errors say what is wrong (bucket, credentials,
@@ -379,18 +395,20 @@ def first_gone(files):
     return next((f for f in files if not remote(f) and not os.path.isfile(f)), None)
 
 
-def data_digest(root, files):
+def data_digest(root, files, sizes=None):
     """SHA-256 (hex) of the name relative to ``root`` and the size (on s3://, and the ETag) of each
     of ``files``, in order: what a run reads, from the listing and the inodes alone (no file is
-    read), so that a checkpoint can tell its set from another of as many files, yet not from a copy
-    of it elsewhere."""
+    read), so that a checkpoint, or another process of the run, can tell its set from another of as
+    many files, yet not from a copy of it elsewhere. ``sizes``: the files' sizes where they are
+    known (``ClassifyReader.sizes``), not asked of the file system again."""
     prefix = root.rstrip("/") + "/"  # a slice: relpath would take most of the time
     rels = [f[len(prefix) :] if f.startswith(prefix) else os.path.relpath(f, root) for f in files]
     if remote(root):
         listed = s3_files(root)  # the listing the run read its files from
         text = "".join("%s\0%d\0%s\n" % (rel, *listed[rel]) for rel in rels)
     else:
-        text = "".join(f"{rel}\0{os.stat(f).st_size}\n" for rel, f in zip(rels, files))
+        sizes = sizes or [os.stat(f).st_size for f in files]
+        text = "".join(f"{rel}\0{size}\n" for rel, size in zip(rels, sizes))
     return hashlib.sha256(text.encode()).hexdigest()
 
 
@@ -417,6 +435,7 @@ class ClassifyReader:
 
     def __init__(self, data_dir, reading, *, batch_size, shuffle, **file_args):
         self.label_offset, self.data_dir, self.ra = reading.label_offset, data_dir, None
+        self.sizes = None  # of a local tree's or file list's files, from their check
         self.layout = "folder" if reading.file_list is not None else find_layout(data_dir)
         # what the iterator counts an epoch by: the reader's own shard, or the sampler's batches
         self.epoch = dict(reader_name="Reader")
@@ -459,7 +478,7 @@ class ClassifyReader:
             if labels:
                 ranges = [(file_list, min(labels), max(labels))]
         if not remote(data_dir):  # in object storage, a request per file: DALI reads them unchecked
-            check_image_heads(self.files, data_dir)
+            self.sizes = check_image_heads(self.files, data_dir)
         self.num_samples = len(self.files)
         return labels, ranges
 
@@ -694,24 +713,104 @@ def list_image_folder(data_dir, classes=None):
     return files, labels, found if classes is None else list(classes)
 
 
+def check_image_heads(files, where):
+    """A ``DataError`` naming the first of the local image ``files`` (those of ``where``, a folder)
+    that does not start as an image does (IMAGE_MAGIC: a text file, a GIF or a PDF named .jpg) or
+    whose JPEG or PNG header is broken (broken_header); else their sizes. Those that pass are kept
+    with their sizes and times (HEAD_CACHE): a later start (a resume, a requeue, another run) reads
+    only the files added or changed. A check of LONG_CHECK files or more says so in one line."""
+    prefix = where.rstrip("/") + "/"
+    rels = [f[len(prefix) :] if f.startswith(prefix) else f for f in files]
+    key = hashlib.sha256(os.path.realpath(where).encode("utf-8", "surrogateescape")).hexdigest()
+    cache = os.path.join(HEAD_CACHE, f"v1-{key[:32]}.npz")  # v1: bump when verdicts change
+    sizes, times, todo = [0] * len(files), [0] * len(files), range(len(files))
+    if os.path.exists(cache):  # a start after the first: only what changed is read
+        sizes, times, todo = unchanged_heads(cache, files, rels) or (sizes, times, todo)
+    if len(todo) >= LONG_CHECK:
+        print(f"{where}: checking {len(todo):,} images' first bytes", file=sys.stderr, flush=True)
+    chunks = [[files[k] for k in todo[i : i + 1024]] for i in range(0, len(todo), 1024)]
+    started, checked = time.time_ns(), 0
+    with ThreadPoolExecutor(HEAD_THREADS) as pool, warnings.catch_warnings():
+        warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # size is no fault here
+        try:
+            heads = itertools.chain.from_iterable(pool.map(_heads, chunks))
+            for k, (size, mtime, why) in zip(todo, heads):
+                if why:
+                    raise DataError(f"{files[k]}: {why}")
+                sizes[k], times[k] = size, mtime
+                checked += 1
+        finally:
+            if checked:  # what passed until a bad file or Ctrl-C, too
+                save_heads(cache, rels, sizes, times, todo[checked:], started)
+    return sizes
+
+
+def _heads(paths):
+    return [_head(path) for path in paths]
+
+
 def _head(path):
-    """The first IMAGE_HEAD bytes of a file, or the reason it cannot be read or decoded (a JPEG's
-    or PNG's header: see broken_header)."""
-    try:  # os.open: Python's buffered file object would cost more than the read
+    """(size, modification time in ns, why it cannot be decoded or None) of an image file: from
+    its first HEAD_BYTES, and PIL where they are a JPEG or PNG header that plain_jpeg_header cannot
+    tell whole (see broken_header)."""
+    try:  # os calls: Python's buffered file object would cost more than the read
         # not blocking: a FIFO named .jpg would wait for a writer
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
         try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                return "not a regular file (a FIFO, socket or device named as an image)"
-            head = os.read(fd, IMAGE_HEAD)
-            if head.startswith(PARSED_HEADERS):
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                return 0, 0, "not a regular file (a FIFO, socket or device named as an image)"
+            head = os.pread(fd, HEAD_BYTES, 0)
+            why = not_an_image(head)
+            if not why and head.startswith(PARSED_HEADERS) and not plain_jpeg_header(head):
                 with os.fdopen(fd, "rb", closefd=False) as f:
-                    return broken_header(f) or head
-            return head
+                    why = broken_header(f)
+            return st.st_size, st.st_mtime_ns, why
         finally:
             os.close(fd)
     except OSError as e:
-        return f"cannot be read ({e.strerror})"
+        return 0, 0, f"cannot be read ({e.strerror})"
+
+
+def not_an_image(head):
+    """Why a file that starts with ``head`` is no image DALI decodes, or None."""
+    if head.startswith(IMAGE_MAGIC) or (head[:4], head[8:12]) == (b"RIFF", b"WEBP"):
+        return None
+    found = f"its first bytes are {head[:8]!r}" if head else "it is empty"
+    return (
+        f"cannot decode this image: not an image file ({found}, not those of a JPEG, PNG, BMP, "
+        "PPM/PGM, TIFF, WebP or JPEG 2000 file); remove or replace it"
+    )
+
+
+def plain_jpeg_header(head):
+    """Whether ``head`` starts with a JPEG header that PIL opens (broken_header), told from segments
+    PIL reads whole or checks as below, each within ``head``, a frame before the scan; False where
+    PIL must tell (another segment, one cut short or past ``head``, a PNG)."""
+    pos, framed = 2, False
+    while pos + 4 <= len(head):
+        ff, marker, length = struct.unpack_from(">BBH", head, pos)
+        start, end = pos + 4, pos + 2 + length
+        if ff != 0xFF or length < 2 or end > len(head):
+            return False
+        if marker == 0xDA:  # the scan: PIL reads its header and no further
+            return framed
+        if marker in JPEG_FRAMES:  # 8-bit samples, a size, 1, 3 or 4 components of 3 bytes each
+            if length < 8 or length % 3 != 2:
+                return False
+            bits, height, width, components = struct.unpack_from(">BHHB", head, start)
+            if not (bits == 8 and height > 0 and width > 0 and components in (1, 3, 4)):
+                return False
+            framed = True
+        elif marker == 0xDB:  # quantization tables of 1 + 64 or 1 + 128 bytes, filling it
+            while start < end:
+                start += 65 if head[start] < 16 else 129
+            if start != end:
+                return False
+        elif not (marker in JPEG_PLAIN or (marker in JPEG_READ_7 and length >= 9)):
+            return False
+        pos = end
+    return False
 
 
 def broken_header(f):
@@ -730,31 +829,57 @@ def broken_header(f):
         return f"cannot decode this image: its header is broken or cut short (PIL: {why})"
 
 
-def _heads(paths):
-    return [_head(path) for path in paths]
+def unchanged_heads(cache, files, rels):
+    """(sizes, modification times, indices of the files to check) of ``files`` (``rels`` relative
+    to their folder), from the header check's ``cache`` of that folder: a file of the same name,
+    size and time as there passed it then; any other is to check. None where the cache cannot be
+    read (damaged, cut short, of another format): then every file is checked again."""
+    try:
+        with np.load(cache) as saved:
+            names = saved["names"].tobytes().decode("utf-8", "surrogateescape").split("\n")
+            then = np.stack([saved["size"], saved["mtime"]], axis=1).astype(np.int64)
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):
+        return None
+    if len(names) != len(then):  # an array's header damaged
+        return None
+    now = np.array([_stat(f) for f in files], np.int64).reshape(-1, 2)
+    if names != rels:  # files added or removed since: each found by name
+        index = {name: k for k, name in enumerate(names)}
+        then = np.array([then[index[rel]] if rel in index else (-1, -1) for rel in rels], np.int64)
+    todo = np.flatnonzero((now != then.reshape(-1, 2)).any(axis=1)).tolist()
+    return now[:, 0].tolist(), now[:, 1].tolist(), todo
 
 
-def check_image_heads(files, where):
-    """A ``DataError`` naming the first of the local image ``files`` (those of ``where``, a folder)
-    that does not start as an image does (see IMAGE_MAGIC): a text file, a GIF or a PDF named .jpg;
-    or a JPEG or PNG whose header is broken (broken_header). Only the first bytes of each are read
-    (a JPEG's or PNG's header), a chunk of files per thread; a set of ``LONG_CHECK`` files or more
-    says so first, in one line."""
-    if len(files) >= LONG_CHECK:
-        print(f"{where}: checking {len(files):,} images' first bytes", file=sys.stderr, flush=True)
-    chunks = [files[k : k + 1024] for k in range(0, len(files), 1024)]
-    with ThreadPoolExecutor(HEAD_THREADS) as pool, warnings.catch_warnings():
-        warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # size is no fault here
-        heads = itertools.chain.from_iterable(pool.map(_heads, chunks))
-        for path, head in zip(files, heads):
-            if isinstance(head, str):
-                raise DataError(f"{path}: {head}")
-            if not (head.startswith(IMAGE_MAGIC) or (head[:4], head[8:12]) == (b"RIFF", b"WEBP")):
-                found = f"its first bytes are {head[:8]!r}" if head else "it is empty"
-                raise DataError(
-                    f"{path}: cannot decode this image: not an image file ({found}, not those of "
-                    "a JPEG, PNG, BMP, PPM/PGM, TIFF, WebP or JPEG 2000 file); remove or replace it"
-                )
+def _stat(path):
+    try:
+        found = os.stat(path)
+    except OSError:  # gone or unreadable: _head says which
+        return -1, -1
+    return found.st_size, found.st_mtime_ns
+
+
+def save_heads(cache, rels, sizes, times, unchecked, started):
+    """Writes the header check's ``cache`` (whole: atomic_open): the files ``rels`` that passed it
+    (all but ``unchecked``), with their sizes and modification times. A file changed within
+    RACY_SECONDS before the check ``started`` (ns) is left out: changed again within the same tick
+    of the file system's clock, it would keep its time. Nothing is written where none is kept."""
+    kept = np.ones(len(rels), bool)
+    kept[list(unchecked)] = False
+    kept &= np.array(times, np.int64) < started - RACY_SECONDS * 10**9
+    if not kept.any():
+        return
+    names = "\n".join(itertools.compress(rels, kept)).encode("utf-8", "surrogateescape")
+    try:
+        os.makedirs(HEAD_CACHE, exist_ok=True)
+        with atomic_open(cache) as f:
+            np.savez(
+                f,
+                names=np.frombuffer(names, np.uint8),
+                size=np.array(sizes, np.int64)[kept],
+                mtime=np.array(times, np.int64)[kept],
+            )
+    except OSError as e:  # a cache, not the data: the next start checks again
+        print(f"{cache}: not written ({e.strerror}); the next start checks again", file=sys.stderr)
 
 
 def find_layout(split_dir):

@@ -275,3 +275,27 @@ def test_json_into_a_folder_or_a_missing_folder_is_refused_before_measuring(tmp_
         assert proc.returncode == 2, proc.stderr
         assert f"argument --json: {expected}" in proc.stderr.splitlines()[-1]
         assert os.listdir(tmp_path) == [], "nothing measured, nothing written"
+
+
+def test_startup_times_a_fresh_run_its_resume_and_a_new_run(tmp_path):
+    """--startup: the first training step of a fresh run, of the same run resumed after a SIGTERM
+    (as a requeue), and of a new run over the data the first checked; each --startup-runs times."""
+    bench(
+        "--startup", "1500", "--num-images", "8", "--models", "resnet18", "--batch-size", "4",
+        "--workers", "1", "--startup-runs", "1", "--cache-dir", str(tmp_path / "cache"),
+        "--json", str(tmp_path / "startup.json"),
+    )  # fmt: skip
+    with open(tmp_path / "startup.json") as f:
+        report = json.load(f)["startup"]
+    assert (report["train_images"], report["val_images"]) == (1500, 1000)
+    tree = tmp_path / "cache" / "bench-startup" / "n1500-from-8"
+    assert len(os.listdir(tree / "train")) == 1000 and len(os.listdir(tree / "val")) == 1000
+    (run,) = report["runs"]
+    assert len(run["load"]) == 3
+    for start in ("fresh", "resume", "new_run"):
+        seconds, last = run[start][-1]
+        assert report["first_step_s"][start] == {"median": seconds, "runs": [seconds]}
+        assert last.startswith("train: epoch 1  step "), last
+    step = int(run["resume"][-1][1].split()[4])
+    assert step > 1 and run["fresh"][-1][1].split()[4] == run["new_run"][-1][1].split()[4] == "1"
+    assert any(f"after step {step - 1} of 375" in line for _, line in run["resume"]), run["resume"]

@@ -644,6 +644,157 @@ def test_every_image_type_that_dali_decodes_passes_the_check(tmp_path):
     assert sorted(labels) == list(range(len(formats)))
 
 
+@pytest.fixture
+def heads_read(texture_folder, tmp_path, monkeypatch):
+    """The header check's cache in tmp_path, texture_folder's images last changed an hour ago (a
+    file changed within RACY_SECONDS is checked again), and the files each check reads, counted."""
+    monkeypatch.setattr(data_sources, "HEAD_CACHE", str(tmp_path / "cache"))
+    for image in texture_folder.rglob("*.jpg"):
+        os.utime(image, (time.time() - 3600,) * 2)
+    read, head = [], data_sources._head
+    monkeypatch.setattr(data_sources, "_head", lambda path: read.append(path) or head(path))
+    return read
+
+
+def build_val(folder):
+    """The trainers' validation pipeline (their reader checks the tree), as a start builds it."""
+    return ClassifyValPipeline(
+        2, 1, None, str(folder), crop_size=16, resize_size=16, reader=ClassifyReader
+    )
+
+
+def test_a_second_start_over_unchanged_images_reads_none_of_them(texture_folder, heads_read):
+    """The check read every image's first bytes at every start (a resume of an ImageNet run
+    waited as long as its first start): what it found is kept with each file's size and time."""
+    pipe = build_val(texture_folder)
+    assert sorted(heads_read) == sorted(pipe.files) and len(pipe.files) == 12
+    heads_read.clear()
+    again = build_val(texture_folder)  # another process, as a resume: the cache on disk
+    assert heads_read == [] and again.files == pipe.files
+    assert again.read.sizes == [os.path.getsize(f) for f in pipe.files]
+    assert data_sources.data_digest(str(texture_folder), pipe.files, again.read.sizes) == (
+        data_sources.data_digest(str(texture_folder), pipe.files)
+    )
+
+
+@pytest.mark.parametrize("edit", ["other bytes", "same size"])
+def test_an_image_changed_since_the_last_start_is_checked_again(texture_folder, heads_read, edit):
+    build_val(texture_folder)
+    bad = texture_folder / "b c" / "t2.jpg"
+    size = bad.stat().st_size
+    text = b"notes " * size if edit == "other bytes" else b"n" * size  # a text file named .jpg
+    bad.write_bytes(text[:size] if edit == "same size" else text)
+    added = texture_folder / "zebra" / "new.jpg"
+    shutil.copy(texture_folder / "zebra" / "t0.jpg", added)
+    (texture_folder / "zebra" / "t1.jpg").unlink()
+    heads_read.clear()
+    with pytest.raises(DataError, match=f"^{re.escape(str(bad))}: cannot decode this image: not"):
+        build_val(texture_folder)
+    assert sorted(heads_read) == sorted([str(bad), str(added)])
+
+
+@pytest.mark.parametrize("damage", ["flipped byte", "cut short", "empty", "not a zip"])
+def test_a_damaged_cache_is_ignored_and_every_image_checked_again(
+    texture_folder, heads_read, tmp_path, damage
+):
+    build_val(texture_folder)
+    (cache,) = (tmp_path / "cache").iterdir()
+    data = cache.read_bytes()
+    data = {
+        "flipped byte": data[: len(data) // 2] + bytes([data[len(data) // 2] ^ 1]),
+        "cut short": data[: len(data) // 2],
+        "empty": b"",
+        "not a zip": b"PK" + b"x" * 100,
+    }[damage] + (data[len(data) // 2 + 1 :] if damage == "flipped byte" else b"")
+    cache.write_bytes(data)
+    heads_read.clear()
+    build_val(texture_folder)
+    assert len(heads_read) == 12
+    heads_read.clear()
+    build_val(texture_folder)  # written again, whole
+    assert heads_read == []
+
+
+def test_the_cache_is_written_whole_or_not_at_all(
+    texture_folder, heads_read, tmp_path, monkeypatch
+):
+    """A writer killed halfway leaves the cache as it was, and no half file behind any name."""
+    build_val(texture_folder)
+    (cache,) = (tmp_path / "cache").iterdir()
+    before = cache.read_bytes()
+    os.utime(texture_folder / "zebra" / "t0.jpg", (time.time() - 7200,) * 2)  # to check again
+
+    def killed(f, **arrays):
+        f.write(b"PK\x03\x04 half a zip")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(data_sources.np, "savez", killed)
+    with pytest.raises(KeyboardInterrupt):
+        build_val(texture_folder)
+    assert os.listdir(tmp_path / "cache") == [cache.name] and cache.read_bytes() == before
+
+
+def test_a_cache_that_cannot_be_written_is_one_line_and_the_check_passes(
+    texture_folder, heads_read, tmp_path, monkeypatch, capsys
+):
+    (tmp_path / "file").write_text("")
+    monkeypatch.setattr(data_sources, "HEAD_CACHE", str(tmp_path / "file" / "cache"))
+    assert len(build_val(texture_folder).files) == 12
+    (line,) = capsys.readouterr().err.splitlines()
+    assert re.fullmatch(
+        rf"{tmp_path / 'file' / 'cache'}/v1-[0-9a-f]{{32}}\.npz: not written \(Not a directory\); "
+        "the next start checks again",
+        line,
+    )
+
+
+def test_images_changed_just_before_their_check_are_checked_again(texture_folder, heads_read):
+    """A file system's clock ticks coarsely: a file rewritten within the tick of its check would
+    keep its time, so one changed within RACY_SECONDS before its check is not kept."""
+    for image in texture_folder.rglob("*.jpg"):
+        os.utime(image)  # changed now
+    build_val(texture_folder)
+    heads_read.clear()
+    build_val(texture_folder)
+    assert len(heads_read) == 12
+
+
+def jpeg_variants():
+    pixels = np.random.default_rng(0).integers(0, 256, (40, 56, 3), np.uint8)
+    exif = Image.Exif()
+    exif[0x0110] = "camera"
+    found = []
+    for mode, options in [
+        ("RGB", {}),
+        ("RGB", {"progressive": True, "optimize": True}),
+        ("L", {"comment": b"hello", "dpi": (300, 300)}),
+        ("CMYK", {}),
+        ("RGB", {"exif": exif.tobytes(), "icc_profile": b"x" * 300}),
+    ]:
+        out = io.BytesIO()
+        Image.fromarray(pixels).convert(mode).save(out, format="JPEG", **options)
+        found.append(out.getvalue())
+    return found
+
+
+def test_a_jpeg_header_judged_whole_without_pil_is_one_pil_opens():
+    """plain_jpeg_header spares PIL's parser for most JPEGs: it must never pass a header that PIL
+    (broken_header) refuses. Every cut and thousands of changed bytes of several kinds of JPEG."""
+    rng = np.random.default_rng(1)
+    judged = 0
+    for jpeg in jpeg_variants():
+        cases = [jpeg[:cut] for cut in range(0, 700, 3)]
+        for _ in range(600):
+            data = bytearray(jpeg)
+            data[rng.integers(2, 600)] = rng.integers(0, 256)
+            cases.append(bytes(data))
+        for data in cases:
+            if data_sources.plain_jpeg_header(data[: data_sources.HEAD_BYTES]):
+                judged += 1
+                assert data_sources.broken_header(io.BytesIO(data)) is None, data[:64]
+    assert judged > 2000  # most changed bytes lie in the pixels' tables, which PIL reads whole
+
+
 def test_decoder_cache_plan_names_a_file_pil_cannot_read(solid_folder):
     pipe = ClassifyValPipeline(2, 1, None, str(solid_folder))
     bad = solid_folder / "b c" / "img3.png"

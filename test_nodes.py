@@ -324,26 +324,32 @@ def test_a_demo_build_of_another_node_with_one_process_id_is_left_to_it(tmp_path
     )
 
 
-@pytest.mark.parametrize("which", ["-b", "--data"])
+@pytest.mark.parametrize("which", ["-b", "--data", "images"])
 def test_nodes_started_with_another_batch_or_other_data_stop_in_one_line(tmp_path, which):
     """Two nodes given another -b hung at their first step's collective; given sets of other files
-    (as many, the same classes) they trained on both. Each process compares the run it was given
-    with process 0's and the job ends with one line naming the difference."""
+    (as many, the same classes), or other images under the same names, they trained on both. Each
+    process compares the run it was given with process 0's (flags, the training files' names and
+    sizes) and the job ends with one line naming the difference."""
     make_classify_data(tmp_path / "png")
     shutil.copytree(tmp_path / "png", tmp_path / "other")
-    os.rename(
-        tmp_path / "other" / "train" / "c0" / "0.png", tmp_path / "other" / "train" / "c0" / "x.png"
-    )
+    other = tmp_path / "other" / "train" / "c0" / "0.png"
+    if which == "images":  # another picture, of another size in bytes, under the same name
+        Image.fromarray(np.arange(48 * 56 * 3, dtype=np.uint8).reshape(48, 56, 3)).save(other)
+        assert other.stat().st_size != (tmp_path / "png" / "train" / "c0" / "0.png").stat().st_size
+    else:
+        os.rename(other, other.with_name("x.png"))
     flags = [*TINY_RUN, "--epochs", "1", "--output-dir", str(tmp_path / "out")]
     own = {
         "-b": (["--data", str(tmp_path / "png")], ["--data", str(tmp_path / "png"), "-b", "2"]),
         "--data": (["--data", str(tmp_path / "png")], ["--data", str(tmp_path / "other")]),
+        "images": (["--data", str(tmp_path / "png")], ["--data", str(tmp_path / "other")]),
     }[which]
     nodes = two_nodes(tmp_path, os.path.join(HERE, "train_classify.py"), *flags, cwd=HERE, own=own)
     errors = [line for n in nodes for line in n.stderr.splitlines() if line.startswith("error: ")]
     told = {
         "-b": r"another --batch-size than process 0 \((2, not 4|4, not 2)\)",
         "--data": r"another files than process 0",
+        "images": r"another files than process 0",
     }[which]
     assert errors and all(
         re.search(f"^error: process 1 was started with {told}", e) for e in errors

@@ -670,7 +670,8 @@ def build_loaders(args, world, ckpt, log):
         steps=len(train_loader),  # the same on every process: every shard runs as many full batches
         classes=classes,
         num_samples=train_pipe.num_samples,
-        digest=data_digest(train_pipe.read.data_dir, train_pipe.files) if on_main else None,
+        # every process's: check_one_run compares them
+        digest=data_digest(train_pipe.read.data_dir, train_pipe.files, train_pipe.read.sizes),
         watched=[watch(p.read.data_dir, p.files) for p in pipes if remote(p.read.data_dir)],
         first_epoch=first_epoch,
     )

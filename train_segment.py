@@ -804,7 +804,7 @@ def build_loaders(args, world, root, ckpt, log):
         steps=len(train_loader),  # the same on every process: every shard runs as many full batches
         classes=[str(k) for k in range(args.num_classes)],
         num_samples=len(train_imgs),
-        digest=data_digest(root, train_pipe.files) if on_main else None,
+        digest=data_digest(root, train_pipe.files),  # every process's: check_one_run compares them
         watched=[watch(root, train_pipe.files + val_pipe.files)]
         if on_main and remote(root)
         else [],

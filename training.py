@@ -772,7 +772,7 @@ class RunData:
     steps: int  # training steps an epoch, the same on every process
     classes: list  # class names, in label order
     num_samples: int  # training samples, all shards
-    digest: str = None  # data_sources.data_digest of the training files (the main process's)
+    digest: str = None  # data_sources.data_digest of the training files: names and sizes
     watched: list = ()  # data_sources.watch's (root, files): s3:// files checked every epoch
     first_epoch: int = 1  # the epoch the training pipeline started with (resume.pipeline_state)
     rest: Any = None  # resume.RestOfEpoch: a checkpoint's epoch on another number of processes
@@ -870,15 +870,12 @@ PER_NODE = ("data", "output_dir", "resume", "workers", "given", "dist_url", "pri
 
 def check_one_run(args, world, data):
     """Under torchrun every process trains one run: the same flags (PER_NODE's aside) on the same
-    data. A node started otherwise (another -b, another --data set) would hang the job at its
-    first collective or train on other samples; one line names the first difference."""
-    names = [os.path.join(*f.split(os.sep)[-2:]) for f in data.train_pipe.files]
+    data. A node started otherwise (another -b, another --data set, other images under the same
+    names) would hang the job at its first collective or train on other samples; one line names the
+    first difference."""
     mine = {f"--{k.replace('_', '-')}": v for k, v in vars(args).items() if k not in PER_NODE}
-    mine.update(
-        classes=data.classes,
-        samples=data.num_samples,
-        files=hashlib.sha1("\n".join(names).encode()).hexdigest(),  # their class/file names
-    )
+    # the training files' names relative to --data and their sizes (data_sources.data_digest)
+    mine.update(classes=data.classes, samples=data.num_samples, files=data.digest)
     everyone = [None] * world.size
     dist.all_gather_object(everyone, mine)
     for rank, theirs in enumerate(everyone):
