@@ -299,16 +299,11 @@ def flag_text(name, value):
 
 
 def refusal(source, name, then, now):
-    """The line that refuses ``name``, given as ``now`` where its run had ``then``."""
-    flag = "--" + name.replace("_", "-")
-    if isinstance(then or now, (bool, list, tuple)):  # on or off: whether its run had it
-        had = "had" if then else "had no"
-        return UsageError(
-            f"--resume {source}: its run {had} {flag}; resume with it as it was, or --weights it"
-        )
+    """The line that refuses ``name``, given as ``now`` where its run had ``then``: both values as
+    a command line gives them (a 0 is a value, a list its values)."""
     return UsageError(
-        f"--resume {source}: taken with {flag} {then or 'off'}, this run has {now or 'off'}; "
-        f"resume with the same, or --weights it"
+        f"--resume {source}: its run had {flag_text(name, then)}, this command gives "
+        f"{flag_text(name, now)}; resume with the run's, or --weights it"
     )
 
 

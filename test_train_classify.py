@@ -599,8 +599,8 @@ def test_a_resume_takes_its_runs_flags_and_refuses_other_values_given(tmp_path):
         proc = tiny_run(root, out, "--epochs", "2", "--resume", path, flag, value, check=False)
         assert_one_line_error(
             proc,
-            f"--resume {path}: taken with {flag} {had}, this run has {value}; resume with the "
-            f"same, or --weights it",
+            f"--resume {path}: its run had {flag} {had}, this command gives {flag} {value}; "
+            f"resume with the run's, or --weights it",
         )
         assert folder_bytes(out) == before
     proc = tiny_run(root, out, "--epochs", "2", "--resume", path)
@@ -617,7 +617,9 @@ def test_a_resume_takes_its_runs_flags_and_refuses_other_values_given(tmp_path):
         root, out, "--epochs", "3", "--resume", path, "--label-smoothing", "0.1", check=False
     )
     assert_one_line_error(
-        proc, f"--resume {path}: taken with --label-smoothing off, this run has 0.1"
+        proc,
+        f"--resume {path}: its run had --label-smoothing 0.0, this command gives "
+        "--label-smoothing 0.1",
     )
     tiny_run(root, out, "--epochs", "3", "--resume", path)
     assert records(out, "config")[-1]["args"]["label_smoothing"] == 0.0
@@ -630,10 +632,18 @@ def test_a_resume_takes_its_runs_flags_and_refuses_other_values_given(tmp_path):
         (
             ["--auto-augment", "ta_wide"],
             ["--auto-augment", "ra"],
-            "--auto-augment ta_wide, this run has ra",
+            "--auto-augment ta_wide, this command gives --auto-augment ra",
         ),
-        ([], ["--random-erase", "0.25"], "--random-erase off, this run has 0.25"),
-        (["--decoder", "cpu"], ["--decoder", "mixed"], "--decoder cpu, this run has mixed"),
+        (
+            [],
+            ["--random-erase", "0.25"],
+            "--random-erase 0.0, this command gives --random-erase 0.25",
+        ),
+        (
+            ["--decoder", "cpu"],
+            ["--decoder", "mixed"],
+            "--decoder cpu, this command gives --decoder mixed",
+        ),
     ],
 )
 def test_resume_with_another_pipeline_graph_is_refused(tmp_path, first, then, told):
@@ -643,7 +653,7 @@ def test_resume_with_another_pipeline_graph_is_refused(tmp_path, first, then, to
     tiny_run(root, out, *first)
     path = os.path.join(out, "checkpoint.pth")
     proc = tiny_run(root, out, *then, "--epochs", "2", "--resume", path, check=False)
-    assert_one_line_error(proc, f"--resume {path}: taken with {told}; resume with the same")
+    assert_one_line_error(proc, f"--resume {path}: its run had {told}; resume with the run's")
     if first:
         proc = tiny_run(root, out, "--epochs", "2", "--resume", path)
         assert f"--resume: {' '.join(first)}, as in {path}" in proc.stdout.splitlines()
@@ -659,7 +669,10 @@ def test_gpu_checkpoint_resumed_with_dali_on_the_cpu_is_refused_in_one_line(tmp_
     assert (saved["dali_device"], saved["decoder"]) == ("gpu", "mixed")
     flags = ("--device", "cuda", "--dali-device", "cpu", "--epochs", "2", "--resume", path)
     proc = tiny_run(root, out, *flags, check=False, env=os.environ)
-    assert_one_line_error(proc, f"--resume {path}: taken with --dali-device gpu, this run has cpu")
+    assert_one_line_error(
+        proc,
+        f"--resume {path}: its run had --dali-device gpu, this command gives --dali-device cpu",
+    )
 
 
 def test_resume_with_another_batch_size_is_refused(demo_run):
@@ -2337,7 +2350,9 @@ def test_ra_sampler_runs_torchvisions_steps_and_validates_every_sample_once(tmp_
     path = os.path.join(out, "checkpoint.pth")
     flags = ("--batch-size", "48", "--epochs", "2", "--resume", path)
     refused = tiny_run(root, out, *flags, "--ra-sampler", "--ra-reps", "3", check=False)
-    assert_one_line_error(refused, f"--resume {path}: taken with --ra-reps 4, this run has 3")
+    assert_one_line_error(
+        refused, f"--resume {path}: its run had --ra-reps 4, this command gives --ra-reps 3"
+    )
     resumed = tiny_run(root, out, *flags)
     assert f"--resume: --ra-sampler --ra-reps 4, as in {path}" in resumed.stdout.splitlines()
     assert {r["steps"] for r in records(out, "train")} == {6}

@@ -396,9 +396,15 @@ def test_a_resume_takes_its_runs_flags_and_refuses_other_values_given(tmp_path):
     assert tiny(root, "--wd", "0.001", "--class-weights", "1,3", out=out).returncode == 0
     path = os.path.join(out, "checkpoint.pth")
     proc = tiny(root, "--epochs", "2", "--resume", path, "--wd", "0.01", out=out)
-    assert_one_line_error(proc, f"--resume {path}: taken with --wd 0.001, this run has 0.01")
+    assert_one_line_error(
+        proc, f"--resume {path}: its run had --wd 0.001, this command gives --wd 0.01"
+    )
     proc = tiny(root, "--epochs", "2", "--resume", path, "--class-weights", "1,2", out=out)
-    assert_one_line_error(proc, f"--resume {path}: its run had --class-weights; resume with")
+    assert_one_line_error(
+        proc,
+        f"--resume {path}: its run had --class-weights 1.0 3.0, this command gives "
+        "--class-weights 1.0 2.0; resume with the run's",
+    )
     proc = tiny(root, "--epochs", "2", "--resume", path, out=out)
     assert proc.returncode == 0, proc.stderr
     told = f"--resume: --class-weights 1.0 3.0 --wd 0.001, as in {path}"
@@ -410,11 +416,15 @@ def test_a_resume_takes_its_runs_flags_and_refuses_other_values_given(tmp_path):
 @pytest.mark.parametrize(
     "first,then,told",
     [
-        ([], ["--scale-range", "0.5", "2.0"], "its run had no --scale-range"),
+        (
+            [],
+            ["--scale-range", "0.5", "2.0"],
+            "its run had no --scale-range, this command gives --scale-range 0.5 2.0",
+        ),
         (
             ["--scale-range", "0.5", "2.0"],
             ["--scale-range", "0.5", "1.5"],
-            "its run had --scale-range",
+            "its run had --scale-range 0.5 2.0, this command gives --scale-range 0.5 1.5",
         ),
     ],
 )
@@ -427,7 +437,7 @@ def test_resume_with_another_pipeline_graph_is_refused(tmp_path, first, then, to
     saved = torch.load(path, weights_only=True)["args"]
     assert (saved["dali_device"], saved["scale_range"]) == ("cpu", [0.5, 2.0] if first else None)
     proc = tiny(root, *then, "--epochs", "2", "--resume", path, out=out)
-    assert_one_line_error(proc, f"--resume {path}: {told}; resume with it as it was")
+    assert_one_line_error(proc, f"--resume {path}: {told}; resume with the run's")
     assert [e["epoch"] for e in records(out, "epoch")] == [1]  # nothing of the run was changed
 
 
