@@ -485,18 +485,23 @@ def check_fits(ckpt, args, data, world):
         raise UsageError(f"{where}: trained on other classes ({differs})")
     if args.evaluate:  # scoring needs only the model and its classes
         return
-    then = (ckpt["world_size"], ckpt["args"]["batch_size"], ckpt["num_samples"])
-    if (then[0] * then[1], then[2]) != (world.size * args.batch_size, data.num_samples):
+    other_data = "resume on that run's data, at any path, or --weights it"
+    if ckpt["num_samples"] != data.num_samples:
         raise UsageError(
-            f"{where}: taken with {then[0]} process(es) x batch {then[1]} on {then[2]} training "
-            f"samples, this run has {world.size} x {args.batch_size} on {data.num_samples}; "
-            f"resume with the same global batch, so the remaining steps and samples are the same"
+            f"{where}: trained on other data ({ckpt['num_samples']} training samples, "
+            f"--data {args.data} has {data.num_samples}); {other_data}"
+        )
+    then = (ckpt["world_size"], ckpt["args"]["batch_size"])
+    if then[0] * then[1] != world.size * args.batch_size:
+        raise UsageError(
+            f"{where}: taken with {then[0]} process(es) x batch {then[1]}, this run has "
+            f"{world.size} x {args.batch_size}; resume with the same global batch, so the "
+            f"remaining steps and samples are the same"
         )
     if data.digest and ckpt.get("data_digest", data.digest) != data.digest:
         raise UsageError(
             f"{where}: trained on other data (the names, sizes or ETags of the training files in "
-            f"--data {args.data} differ from its run's); resume on that run's data, at any path, "
-            f"or --weights it"
+            f"--data {args.data} differ from its run's); {other_data}"
         )
     if ckpt.get("steps", data.steps) != data.steps:  # --ra-sampler's may differ on other processes
         raise UsageError(

@@ -690,6 +690,23 @@ def test_resume_with_another_batch_size_is_refused(demo_run):
     assert_one_line_error(proc, "--resume", "batch 32", "1 x 16")
 
 
+def test_a_resume_onto_another_number_of_samples_is_said_to_be_other_data(tmp_path):
+    """Not blamed on the global batch, which is the run's."""
+    root, out = tiny_imagefolder(str(tmp_path / "d")), str(tmp_path / "o")
+    tiny_run(root, out)
+    os.remove(
+        os.path.join(root, "train", "a", sorted(os.listdir(os.path.join(root, "train", "a")))[0])
+    )
+    path = os.path.join(out, "checkpoint.pth")
+    proc = tiny_run(root, out, "--epochs", "2", "--resume", path, check=False)
+    n = torch.load(path, weights_only=True)["num_samples"]
+    assert_one_line_error(
+        proc,
+        f"--resume {path}: trained on other data ({n} training samples, --data {root} has "
+        f"{n - 1}); resume on that run's data, at any path, or --weights it",
+    )
+
+
 def test_resume_follows_the_data_it_trained_on_not_its_path(tmp_path):
     """The same files moved elsewhere resume; files of other sizes under the same names (as many,
     the same classes) are refused; a checkpoint from before the data was recorded resumes as it
