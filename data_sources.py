@@ -265,9 +265,13 @@ def walk(folder):
         parent, name = os.path.split(folder)
         return [os.path.join(parent, rel) for rel in s3_tree(parent).get(name, [])]
     found, real = [], {}
+
+    def unreadable(e):  # os.walk would leave the folder out, its images with it
+        raise DataError(f"{e.filename}: cannot be listed ({e.strerror}); fix its permissions")
+
     # symlinked folders are followed (sets are assembled so), but os.walk follows a link to an
     # ancestor until the paths grow too long: a folder that resolves to one of its ancestors is one
-    for root, _, names in os.walk(folder, followlinks=True):
+    for root, _, names in os.walk(folder, followlinks=True, onerror=unreadable):
         real[root], above = os.path.realpath(root), os.path.dirname(root)
         while above in real:
             if real[above] == real[root]:

@@ -996,6 +996,23 @@ def test_symlinked_folders_are_followed_and_a_symlink_loop_is_refused(tmp_path, 
         ClassifyTrainPipeline(2, 1, None, str(solid_folder), reader=ClassifyReader)
 
 
+def test_a_class_folder_that_cannot_be_listed_is_named(solid_folder, monkeypatch):
+    """Not taken as a class without images: os.walk leaves out what it cannot list. (Root reads any
+    folder, so the permission error is os.scandir's, made to fail here.)"""
+    scandir, denied = os.scandir, str(solid_folder / "zebra")
+
+    def scandir_but(path="."):
+        if str(path) == denied:
+            raise PermissionError(13, "Permission denied", str(path))
+        return scandir(path)
+
+    monkeypatch.setattr(os, "scandir", scandir_but)
+    with pytest.raises(
+        DataError, match=f"^{re.escape(denied)}: cannot be listed \\(Permission denied\\); fix its "
+    ):
+        list_image_folder(str(solid_folder))
+
+
 def test_missing_file_list(tmp_path, solid_folder):
     with pytest.raises(DataError, match=str(tmp_path / "list.txt")):
         ClassifyTrainPipeline(2, 1, None, str(solid_folder), file_list=str(tmp_path / "list.txt"))
