@@ -690,6 +690,21 @@ def test_resume_with_another_batch_size_is_refused(demo_run):
     assert_one_line_error(proc, "--resume", "batch 32", "1 x 16")
 
 
+def test_weights_holding_nan_are_refused_naming_the_file_and_tensor(tmp_path):
+    """Not trained until the loss is NaN and then blamed on --lr."""
+    root = tiny_imagefolder(str(tmp_path / "d"))
+    state = torchvision.models.resnet18(num_classes=2).state_dict()
+    state["layer1.0.conv1.weight"][0, 0, 0, 0] = float("nan")
+    path = str(tmp_path / "nan.pth")
+    torch.save(state, path)
+    proc = tiny_run(root, str(tmp_path / "o"), "--weights", path, check=False)
+    assert_one_line_error(
+        proc,
+        f"--weights {path}: its layer1.0.conv1.weight holds NaN or infinite values; not weights "
+        "to train from",
+    )
+
+
 def test_a_resume_onto_another_number_of_samples_is_said_to_be_other_data(tmp_path):
     """Not blamed on the global batch, which is the run's."""
     root, out = tiny_imagefolder(str(tmp_path / "d")), str(tmp_path / "o")

@@ -206,9 +206,9 @@ def check_finite(finite, epoch, step, what):
     damage."""
     if not finite:
         raise UsageError(
-            f"epoch {epoch} step {step}: the {what} went NaN or infinite; stopped there, the "
-            f"checkpoints kept (usual causes: too high an --lr, or bad input such as NaN or "
-            f"infinite pixels)"
+            f"epoch {epoch} step {step}: the {what} went NaN or infinite; stopped there, before "
+            f"a checkpoint could save them (usual causes: too high an --lr, or bad input such as "
+            f"NaN or infinite pixels)"
         )
 
 
@@ -416,6 +416,10 @@ def load_weights(model, args):
             f"--weights {name}: none of its tensors fits the model of --arch {args.arch}"
         )
     check_same_model(name, state, named, own, args)
+    if bad := next((k for k, v in fits.items() if not torch.isfinite(v).all()), None):
+        raise UsageError(
+            f"--weights {name}: its {bad} holds NaN or infinite values; not weights to train from"
+        )
     model.load_state_dict(fits, strict=False)
     return (
         f"--weights {name}: {len(fits)} of the model's {len(own)} tensors loaded, the others newly "
