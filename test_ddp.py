@@ -588,7 +588,7 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 def test_a_stop_signal_during_validation_stops_it_and_saves_the_epoch(tmp_path):
     """A stop during validation does not wait for the whole pass (it can outlast the grace period
     before SIGKILL): both ranks stop at one batch, the epoch's last step is saved, and a resume
-    goes on with the next epoch."""
+    validates that epoch (its record written then) and goes on with the next."""
     two_class_folder(tmp_path / "data", train=32, val=160)
     script = tmp_path / "stop_in_validation.py"
     script.write_text(STOP_IN_VALIDATION.format(here=HERE))
@@ -609,8 +609,19 @@ def test_a_stop_signal_during_validation_stops_it_and_saves_the_epoch(tmp_path):
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     with open(out / "metrics.jsonl") as f:
         records = list(map(json.loads, f))
-    assert [(r["epoch"], r["step"]) for r in records if r["type"] == "resume"] == [(2, 0)]
-    assert [r["epoch"] for r in records if r["type"] == "epoch"] == [2]
+    assert [(r["epoch"], r["step"]) for r in records if r["type"] == "resume"] == [(1, 4)]
+    assert [r["epoch"] for r in records if r["type"] == "epoch"] == [1, 2]
+    # epoch 1 trained no step again: its steps' records are the stopped run's, once each
+    assert [(r["epoch"], r["step"]) for r in records if r["type"] == "train"] == [
+        (1, 1),
+        (1, 2),
+        (1, 3),
+        (1, 4),
+        (2, 1),
+        (2, 2),
+        (2, 3),
+        (2, 4),
+    ]
 
 
 # Runs a trainer (argv[1]), unchanged, with a stop signal that lands while the first epoch's last

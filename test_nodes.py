@@ -340,7 +340,10 @@ def test_nodes_started_with_another_batch_or_other_data_stop_in_one_line(tmp_pat
         os.rename(other, other.with_name("x.png"))
     flags = [*TINY_RUN, "--epochs", "1", "--output-dir", str(tmp_path / "out")]
     own = {
-        "-b": (["--data", str(tmp_path / "png")], ["--data", str(tmp_path / "png"), "-b", "2"]),
+        "-b": (
+            ["--data", str(tmp_path / "png")],
+            ["--data", str(tmp_path / "png"), "--batch-size", "2"],
+        ),
         "--data": (["--data", str(tmp_path / "png")], ["--data", str(tmp_path / "other")]),
         "images": (["--data", str(tmp_path / "png")], ["--data", str(tmp_path / "other")]),
     }[which]
