@@ -95,8 +95,13 @@ def run_batch_script(tmp_path, stop_after_steps=0):
             "SLURM_NNODES": "1",
             "SCONTROL_LOG": str(tmp_path / "scontrol.log"),
             "SRUN_SWAP": json.dumps(swap),
+            # README's -j 2 given again as -j: one flag under two names would be refused
             "SRUN_EXTRA": json.dumps(
-                [*TINY_RUN, "--epochs", "2" if not stop_after_steps else "20"]
+                [
+                    *("-j" if a == "--workers" else a for a in TINY_RUN),
+                    "--epochs",
+                    "2" if not stop_after_steps else "20",
+                ]
             ),
             "SRUN_METRICS": str(out / "metrics.jsonl"),
             "STOP_AFTER_STEPS": str(stop_after_steps),
