@@ -1160,7 +1160,8 @@ def test_runs_without_output_dir_get_numbered_folders(tmp_path):
     for n in (1, 2):
         proc = run("--data", root, *TINY, cwd=str(tmp_path))
         folder = os.path.join("runs", "classify", f"exp{n}")
-        assert proc.stdout.splitlines()[0].startswith(f"start: output_dir {folder}  ")
+        (start,) = [line for line in proc.stdout.splitlines() if line.startswith("start: ")]
+        assert start.startswith(f"start: output_dir {folder}  ")
         assert os.path.isfile(tmp_path / folder / "checkpoint.pth")
 
 
@@ -1441,7 +1442,8 @@ def test_error_val_class_that_train_lacks(tmp_path):
 def test_val_missing_classes_is_fine_and_said(tmp_path):
     root = tiny_imagefolder(str(tmp_path / "d"), train=("a", "b", "c"), val=("a", "c"))
     proc = tiny_run(root, str(tmp_path / "o"))
-    assert proc.stdout.splitlines()[0].endswith("  (1 of the classes have no val samples)")
+    (start,) = [line for line in proc.stdout.splitlines() if line.startswith("start: ")]
+    assert start.endswith("  (1 of the classes have no val samples)")
 
 
 def corrupt(path, content):
