@@ -1234,10 +1234,48 @@ def test_disk_full_while_saving_keeps_the_previous_checkpoint(tmp_path):
     assert_one_line_error(
         proc,
         f"{os.path.join(out, 'checkpoint.pth')}: No space left on device; free space",
-        "--resume continues from the last checkpoint",
+        "with --resume where the run has saved a checkpoint.pth",
     )
     assert torch.load(os.path.join(out, "checkpoint.pth"), weights_only=True)["epoch"] == 1
     assert sorted(os.listdir(out)) == [".lock", "best.pth", "checkpoint.pth", "metrics.jsonl"]
+
+
+# torch.save on a disk that filled during the write: torch's zip writer raises its own error; the
+# disk's free space is then next to none.
+TORCH_WORDS_FULL_DISK = """
+import collections, os, runpy, shutil, sys, torch
+sys.path.insert(0, os.path.dirname(sys.argv[1]))
+calls, save = [0], torch.save
+def failing_save(obj, f, *args, **kwargs):
+    calls[0] += 1
+    if calls[0] == 3:
+        f.write(b"partial")
+        shutil.disk_usage = lambda path: collections.namedtuple("usage", "total used free")(9, 9, 0)
+        raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 64 vs 7")
+    return save(obj, f, *args, **kwargs)
+torch.save = failing_save
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def test_a_full_disk_in_torchs_words_is_said_to_be_a_full_disk(tmp_path):
+    root, out = tiny_imagefolder(str(tmp_path / "d")), str(tmp_path / "o")
+    spy = tmp_path / "spy.py"
+    spy.write_text(TORCH_WORDS_FULL_DISK)
+    flags = [SCRIPT, "--data", root, *TINY, "--epochs", "2", "--output-dir", out]
+    proc = subprocess.run(
+        [sys.executable, str(spy), *flags],
+        cwd=HERE,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=CPU_ENV,
+    )
+    assert_one_line_error(
+        proc, f"{os.path.join(out, 'checkpoint.pth')}: No space left on device; free space"
+    )
+    assert torch.load(os.path.join(out, "checkpoint.pth"), weights_only=True)["epoch"] == 1
 
 
 # Runs the script of argv[1] on a full disk under $FULL_DIR: every file written there fails.

@@ -18,6 +18,7 @@ from its checkpoint is resume.py's: a fresh run enters none of it.
 import argparse
 import contextlib
 import datetime
+import errno
 import fcntl
 import hashlib
 import json
@@ -902,7 +903,12 @@ def write_checkpoint(ckpt, path):
     """Written whole or not at all (atomic_open): the previous file stays if saving fails or is
     killed, and a full disk ends the run in run_main's line naming ``path``."""
     with naming(path), atomic_open(path) as f:
-        torch.save(ckpt, f)
+        try:
+            torch.save(ckpt, f)
+        except RuntimeError:  # torch's zip writer words a write cut short on a full disk its way
+            if shutil.disk_usage(os.path.dirname(path) or ".").free < FULL_BELOW:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path) from None
+            raise
 
 
 # torch.compile's work, kept with the checkpoint: the compiled graphs and their kernels
@@ -919,6 +925,10 @@ def save_compile_cache(run_dir):
         path = os.path.join(run_dir, COMPILE_CACHE)
         with naming(path), atomic_open(path) as f:
             f.write(hashlib.sha256(artifacts[0]).digest() + artifacts[0])
+
+
+# Free bytes under which a failed checkpoint write is said to be the full disk's.
+FULL_BELOW = 64 * 2**20
 
 
 @contextlib.contextmanager
@@ -1233,7 +1243,7 @@ def end_failed_run(e):
         status = 2  # checkpoints and logs are written whole (atomic_open) or appended: none is lost
         text = (
             f"error: {e.filename}: {e.strerror}; free space (or fix permissions) and run the same "
-            f"command again (--resume continues from the last checkpoint)"
+            f"command again (with --resume where the run has saved a checkpoint.pth)"
         )
     elif isinstance(e, KeyboardInterrupt):
         status, text = 130, "interrupted: nothing saved since the last checkpoint"
