@@ -112,6 +112,7 @@ RATE_FLAGS = ("lr", "lr_base", "lr_base_size", "lr_base_scale")
 # sizes its run validated at. A given size scores at that size; another given model is refused.
 SCORED_AS_TRAINED = (
     "arch",
+    "aux_loss",  # a torchvision model's auxiliary classifier: its weights are in the checkpoint
     "num_classes",
     "label_offset",
     "unet_width",

@@ -885,6 +885,14 @@ def test_torchvisions_segmentation_flags_aux_loss_and_weights_backbone(tmp_path)
         first, torch.full_like(first, 0.25), atol=1e-6
     )
     assert "model.aux_classifier.0.weight" in weights
+    # --evaluate takes the run's --aux-loss as it takes its --arch, given or not
+    ckpt = os.path.join(out, "checkpoint.pth")
+    for given in ([], ["--aux-loss"]):
+        scored = str(tmp_path / f"eval{len(given)}")
+        flags = ["--data", root, "--resume", ckpt, "--evaluate", "--output-dir", scored, *given]
+        assert run(*flags, "--dali-device", "cpu").returncode == 0
+        (evaluation,) = records(scored, "eval")
+        assert 0 <= evaluation["val_dice"] <= 100
     bad = run("--data", root, *arch[:2], "--weights-backbone", "NoSuch_Weights.X", check=False)
     assert bad.returncode == 2 and bad.stderr.startswith(
         "error: --weights-backbone NoSuch_Weights.X: not a torchvision weights name it could load"

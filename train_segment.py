@@ -197,7 +197,8 @@ def parse_args(argv=None):
             f"class of --num-classes {args.num_classes}"
             + (" (background, foreground)" if args.num_classes == 1 else "")
         )
-    if args.aux_loss and args.arch not in AUX_ARCHS:
+    # a checkpoint's --arch is known only once it is read (resume.load), and checked there
+    if args.aux_loss and args.arch not in AUX_ARCHS and ("arch" in args.given or not args.resume):
         parser.error(
             f"--aux-loss: --arch {args.arch} has no auxiliary classifier; expected one of "
             f"{', '.join(AUX_ARCHS)}"
