@@ -213,12 +213,17 @@ def unknown_flag(parser, argv):
     once argparse refuses the command line (an unknown flag's value may have been taken for the
     data folder)."""
     known = parser._option_string_actions
-    for token in argv:
+    for k, token in enumerate(argv):
         flag = token.split("=", 1)[0]
         if not flag.startswith("-") or flag in known or flag in ("-", "--") or is_number(flag):
             continue
         if not flag.startswith("--") and flag[:2] in known:  # a short flag with its value: -b32
             continue
+        if flag[1:2].isdigit() and k and argv[k - 1] in known:  # a value such as -1,2
+            return (
+                f"{argv[k - 1]} {token}: a value that starts with '-' is read as a flag; write "
+                f"{argv[k - 1]}={token}"
+            )
         if flag in FOREIGN:
             return f"{flag}: {FOREIGN[flag]}"
         for answer, flags in NOT_HERE.items():

@@ -827,6 +827,21 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 """
 
 
+def test_a_value_that_starts_with_a_minus_is_told_how_to_write_it(capsys):
+    """argparse takes --class-weights -1,2's value for an unknown flag; written with '=' it is the
+    value, and its own check names it."""
+    with pytest.raises(SystemExit) as exit_info:
+        train_segment.parse_args(["--data", "x", "--class-weights", "-1,2"])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err == (
+        "error: --class-weights -1,2: a value that starts with '-' is read as a flag; write "
+        "--class-weights=-1,2\n"
+    )
+    with pytest.raises(SystemExit):
+        train_segment.parse_args(["--data", "x", "--class-weights=-1,2"])
+    assert "--class-weights" in capsys.readouterr().err
+
+
 def test_torchvisions_segmentation_flags_aux_loss_and_weights_backbone(tmp_path):
     """torchvision's reference: --aux-loss adds the auxiliary classifier's loss at 0.5, and
     --weights-backbone starts the backbone from torchvision's weights (here an offline stand-in);
