@@ -112,13 +112,13 @@ RATE_FLAGS = ("lr", "lr_base", "lr_base_size", "lr_base_scale")
 # sizes its run validated at. A given size scores at that size; another given model is refused.
 SCORED_AS_TRAINED = (
     "arch",
-    "aux_loss",  # a torchvision model's auxiliary classifier: its weights are in the checkpoint
     "num_classes",
     "label_offset",
     "unet_width",
     "val_resize_size",
     "val_crop_size",
     "size",
+    "aux_loss",  # a torchvision model's auxiliary classifier: its weights are in the checkpoint
 )
 RESCORABLE = ("val_resize_size", "val_crop_size", "size")
 # --evaluate scores what its run validated, its EMA too where it kept one: --model-ema is the run's
