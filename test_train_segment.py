@@ -912,6 +912,17 @@ def test_torchvisions_segmentation_flags_aux_loss_and_weights_backbone(tmp_path)
     assert bad.returncode == 2 and bad.stderr.startswith(
         "error: --weights-backbone NoSuch_Weights.X: not a torchvision weights name it could load"
     )
+    assert bad.stderr.rstrip().endswith(
+        "expected one such as MobileNet_V3_Large_Weights.IMAGENET1K_V1"
+    )
+    other = "ResNet50_Weights.IMAGENET1K_V1"  # a backbone of another model
+    bad = run("--data", root, *arch[:2], "--weights-backbone", other, check=False)
+    assert bad.returncode == 2 and bad.stderr.startswith(
+        f"error: --weights-backbone {other}: torchvision's weights of another model ("
+    )
+    assert bad.stderr.rstrip().endswith(
+        "expected one such as MobileNet_V3_Large_Weights.IMAGENET1K_V1"
+    )
 
 
 def test_a_backbone_name_that_cannot_be_downloaded_says_so_and_where_torch_looks(

@@ -22,6 +22,7 @@ main and its phases.
 import argparse
 import colorsys
 import functools
+import inspect
 import math
 import os
 import sys
@@ -342,7 +343,11 @@ def torchvision_model(args):
             args.arch, args.num_classes, args.aux_loss, args.weights_backbone
         )
     except (ValueError, KeyError, OSError) as e:  # a name torchvision lacks, or no download
-        raise training.weights_refusal("--weights-backbone", args.weights_backbone, e) from None
+        builder = torchvision.models.get_model_builder(args.arch)
+        expected = inspect.signature(builder).parameters["weights_backbone"].default
+        raise training.weights_refusal(
+            "--weights-backbone", args.weights_backbone, e, expected
+        ) from None
 
 
 def dice_ce_loss(logits, masks, num_classes, ignore_index=None, class_weights=None):

@@ -488,16 +488,19 @@ def check_whole(path, flag):
         )
 
 
-def weights_refusal(flag, name, error):
+def weights_refusal(flag, name, error, expected="MobileNet_V3_Large_Weights.IMAGENET1K_V1"):
     """The line for ``flag``'s torchvision weights ``name`` that did not load: a download that
     failed (``error``, an OSError: no network) says where torch's cache looks for the file; any
-    other ``error`` says the name is none of torchvision's."""
+    other ``error`` says the name is another model's weights, or none of torchvision's, and names
+    the ``expected`` kind."""
     why = (str(error).strip() or type(error).__name__).splitlines()[-1][:200]
     if not isinstance(error, OSError):
-        return UsageError(
-            f"{flag} {name}: not a torchvision weights name it could load ({why}); expected one "
-            f"such as MobileNet_V3_Large_Weights.IMAGENET1K_V1"
-        )
+        try:
+            torchvision.models.get_weight(name)
+            what = "torchvision's weights of another model"
+        except (ValueError, KeyError, AttributeError):
+            what = "not a torchvision weights name it could load"
+        return UsageError(f"{flag} {name}: {what} ({why}); expected one such as {expected}")
     url = torchvision.models.get_weight(name).url
     file = os.path.basename(urllib.parse.urlparse(url).path)
     cached = os.path.join(torch.hub.get_dir(), "checkpoints", file)  # where torch.hub looks first
