@@ -1008,6 +1008,18 @@ def test_masks_with_no_class_left_to_learn_are_one_line(tmp_path):
         proc,
         "mask holds class 255; expected values 0 or 1 (binary, --num-classes 1; a PNG root reads 255 as 1)",
     )
+    grey = binary_masks_of_255(str(tmp_path / "g"))
+    edged = os.path.join(grey, "Masks", "1", "0.npy")
+    mask = np.load(edged)
+    mask[0, :3] = 128  # an antialiased edge
+    np.save(edged, mask)
+    proc = tiny(grey, out=str(tmp_path / "o"))
+    assert_one_line_error(
+        proc,
+        f"{edged}: mask holds classes 128, 255; expected values 0 or 1 (binary, --num-classes 1; "
+        "a PNG root reads 255 as 1)",
+    )
+    assert proc.stderr.rstrip().endswith("reads 255 as 1)")  # no --ignore-index hint: two values
     empty = binary_masks_of_255(str(tmp_path / "e"), value=0)
     proc = tiny(empty, out=str(tmp_path / "o"))
     assert_one_line_error(

@@ -237,6 +237,7 @@ try:  # torchvision's operators and DALI's plugin load against this torch: one l
     from torchvision.utils import draw_segmentation_masks, make_grid
 except (ImportError, OSError, RuntimeError) as e:
     flags.broken_install(e)
+import numpy as np
 from PIL import Image
 
 import training
@@ -249,6 +250,7 @@ from data_sources import (
     decode_errors_named,
     first_gone,
     isdir,
+    load_npy,
     read_split,
     remote,
     scan_masks,
@@ -881,10 +883,17 @@ def check_mask_values(args, world, root, splits):
 
 
 def class_beyond_model(args, path, value):
-    """check_mask_values' error for a mask at ``path`` holding class ``value``."""
+    """check_mask_values' error for a mask at ``path`` whose largest class, ``value``, is beyond
+    the model's: every such value is named (a PNG mask of 0, 128 and 255 is no binary one, and its
+    128 is the cause)."""
+    kept = max(1, args.num_classes - 1)
+    beyond = [int(v) for v in np.unique(load_npy(path)) if kept < v != args.ignore_index]
     expected = f"below --num-classes {args.num_classes}"
     if args.num_classes == 1:
         expected = "0 or 1 (binary, --num-classes 1; a PNG root reads 255 as 1)"
+    if len(beyond) > 1:
+        shown = ", ".join(map(str, beyond[:8])) + (", ..." if len(beyond) > 8 else "")
+        return DataError(f"{path}: mask holds classes {shown}; expected values {expected}")
     return DataError(
         f"{path}: mask holds class {value}; expected values {expected}, or --ignore-index "
         f"{value} if that value marks pixels to leave out"
