@@ -1450,7 +1450,7 @@ def test_error_resume_of_another_arch(demo_run):
         "--evaluate",
         check=False,
     )
-    assert_one_line_error(proc, "--arch resnet18", "this run has resnet34")
+    assert_one_line_error(proc, "--arch resnet18", "this command gives --arch resnet34")
 
 
 def test_error_resume_on_other_classes(demo_run, tmp_path):
@@ -1505,7 +1505,7 @@ def test_a_file_that_is_not_an_image_is_named_at_batch_32(tmp_path, split):
     bad = os.path.join(root, split, "b", "notes.jpg")
     corrupt(bad, b"a text file, not a JPEG\n" * 8)
     out = str(tmp_path / "o")
-    proc = tiny_run(root, out, "-b", "32", check=False)
+    proc = tiny_run(root, out, "--batch-size", "32", check=False)
     assert_one_line_error(proc, f"{bad}: cannot decode this image: not an image file")
     assert not os.path.exists(os.path.join(out, "checkpoint.pth"))
 
