@@ -812,6 +812,7 @@ class Checkpoints:
     def __init__(self, run, state, data, args, world, best=-math.inf, **extra):
         self.run, self.state, self.data, self.args, self.world = run, state, data, args, world
         self.best, self.extra = best, extra
+        self.compiled = 0  # graphs compiled when compile-cache.bin was last written
 
     def save(self, epoch, step, loss_sum=0.0, score=None):
         """Saves; ``score``, the epoch's validation score, also makes best.pth when it is the best
@@ -835,7 +836,7 @@ class Checkpoints:
         for name in ("checkpoint.pth", "best.pth") if is_best else ("checkpoint.pth",):
             write_checkpoint(ckpt, os.path.join(self.run.dir, name))
         if self.args.compile:
-            save_compile_cache(self.run.dir)
+            self.compiled = save_compile_cache(self.run.dir, self.compiled)
         if step < self.data.steps:  # the epoch's end says so in its own line
             self.log_saved(epoch, step, ckpt["global_step"])
         return os.path.join(self.run.dir, "checkpoint.pth")
@@ -919,15 +920,22 @@ def write_checkpoint(ckpt, path):
 COMPILE_CACHE = "compile-cache.bin"
 
 
-def save_compile_cache(run_dir):
+def save_compile_cache(run_dir, saved):
     """What this process compiled, beside its checkpoint: a resume on a node whose own cache (a
     local temp folder) is empty, a requeue elsewhere on a cluster, loads it
-    (resume.load_compile_cache) instead of compiling again."""
+    (resume.load_compile_cache) instead of compiling again. Written only where more graphs were
+    compiled (or found in a cache) than the ``saved`` when it was last written; returns their
+    number."""
+    counts = torch._dynamo.utils.counters["inductor"]
+    graphs = counts["fxgraph_cache_miss"] + counts["fxgraph_cache_hit"]
+    if graphs == saved:  # the same artifacts: their tens of MB not written again
+        return saved
     artifacts = torch.compiler.save_cache_artifacts()  # all of this process's, or None
     if artifacts is not None:
         path = os.path.join(run_dir, COMPILE_CACHE)
         with naming(path), atomic_open(path) as f:
             f.write(hashlib.sha256(artifacts[0]).digest() + artifacts[0])
+    return graphs
 
 
 # Free bytes under which a failed checkpoint write is said to be the full disk's.
