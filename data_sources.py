@@ -81,6 +81,9 @@ JPEG_PLAIN = (0xC4, 0xDD, 0xFE, *range(0xE3, 0xED), 0xEF)
 JPEG_READ_7 = (0xE0, 0xEE)
 # Files whose first bytes are read at once: on a network file system each read waits for an answer.
 HEAD_THREADS = 16
+# Seconds a file's check may take before the rest are read by HEAD_THREADS threads: files already
+# in memory are read faster by one thread alone, which never waits for the GIL (see _all_heads).
+SLOW_HEAD = 100e-6
 # A set of this many images takes a while to check, a file read each: a line says so first.
 LONG_CHECK = 100_000
 # TensorFlow's shard names (train-00000-of-01024) have no extension; other writers use .tfrecord.
@@ -278,7 +281,13 @@ def walk(folder):
                 raise symlink_loop(root, real[root])
             above = os.path.dirname(above)
         found.append((root, names))
-    return [os.path.join(root, n) for root, names in sorted(found) for n in sorted(names)]
+    # each name after its folder's prefix: os.path.join per file is most of a large tree's walk
+    return [
+        head + n
+        for root, names in sorted(found)
+        for head in [os.path.join(root, "")]
+        for n in sorted(names)
+    ]
 
 
 def symlink_loop(root, target):
@@ -737,8 +746,7 @@ def check_image_heads(files, where):
     with ThreadPoolExecutor(HEAD_THREADS) as pool, warnings.catch_warnings():
         warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # size is no fault here
         try:
-            heads = itertools.chain.from_iterable(pool.map(_heads, chunks))
-            for k, (size, mtime, why) in zip(todo, heads):
+            for k, (size, mtime, why) in zip(todo, _all_heads(pool, chunks)):
                 if why:
                     raise DataError(f"{files[k]}: {why}")
                 sizes[k], times[k] = size, mtime
@@ -747,6 +755,17 @@ def check_image_heads(files, where):
             if checked:  # what passed until a bad file or Ctrl-C, too
                 save_heads(cache, rels, sizes, times, todo[checked:], started)
     return sizes
+
+
+def _all_heads(pool, chunks):
+    """_head of each file of ``chunks``, in order: chunk by chunk in this thread while each file
+    takes less than SLOW_HEAD, then the rest in ``pool``'s threads, whose reads overlap."""
+    for k, chunk in enumerate(chunks):
+        clock = time.perf_counter()
+        yield from _heads(chunk)
+        if time.perf_counter() - clock > SLOW_HEAD * len(chunk):
+            yield from itertools.chain.from_iterable(pool.map(_heads, chunks[k + 1 :]))
+            return
 
 
 def _heads(paths):

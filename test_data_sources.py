@@ -14,6 +14,7 @@ import shutil
 import struct
 import sys
 import tarfile
+import threading
 import time
 from collections import Counter
 from types import SimpleNamespace
@@ -627,6 +628,34 @@ def test_a_long_header_check_says_so_in_one_line_first(solid_folder, monkeypatch
     monkeypatch.setattr(data_sources, "LONG_CHECK", len(files))
     data_sources.check_image_heads(files, str(solid_folder))
     assert capsys.readouterr() == ("", f"{solid_folder}: checking 21 images' first bytes\n")
+
+
+@pytest.mark.parametrize("slow", [False, True])
+def test_the_check_reads_in_threads_only_where_reads_are_slow(tmp_path, monkeypatch, slow):
+    """Files read faster than SLOW_HEAD each are read by the calling thread alone (threads would
+    only wait for the GIL); after the first chunk read slower, the rest are read in threads. The
+    verdicts are the same: the first bad file, in order, named."""
+    monkeypatch.setattr(data_sources, "HEAD_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(data_sources, "SLOW_HEAD", 0.0 if slow else 10.0)
+    buf = io.BytesIO()
+    Image.new("RGB", (8, 8), (200, 10, 10)).save(buf, format="JPEG")
+    (tmp_path / "c").mkdir()
+    files = [str(tmp_path / "c" / f"{k:04d}.jpg") for k in range(2500)]
+    for f in files:
+        with open(f, "wb") as out:
+            out.write(buf.getvalue())
+    for k in (2100, 2300):
+        with open(files[k], "wb") as out:
+            out.write(b"not an image")
+    threads, head = [], data_sources._head
+    monkeypatch.setattr(
+        data_sources, "_head", lambda path: threads.append(threading.get_ident()) or head(path)
+    )
+    with pytest.raises(DataError, match=f"^{re.escape(files[2100])}: cannot decode this image"):
+        data_sources.check_image_heads(files, str(tmp_path))
+    main = threading.get_ident()
+    assert threads[:1024] == [main] * 1024  # the first chunk, always here
+    assert (main not in threads[1024:]) if slow else set(threads) == {main}
 
 
 def test_every_image_type_that_dali_decodes_passes_the_check(tmp_path):
