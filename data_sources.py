@@ -79,6 +79,11 @@ HEAD_BYTES = 4096
 JPEG_FRAMES = (0xC0, 0xC1, 0xC2)
 JPEG_PLAIN = (0xC4, 0xDD, 0xFE, *range(0xE3, 0xED), 0xEF)
 JPEG_READ_7 = (0xE0, 0xEE)
+# The verdicts' version: header-check caches and shard indexes of another were judged by other
+# checks, so their files are checked again (bump it where a check changes).
+CHECKS = 2
+# Bytes read from the end of each JPEG: its end marker, or a short trailer after it (see jpeg_end).
+TAIL_BYTES = 64
 # Files whose first bytes are read at once: on a network file system each read waits for an answer.
 HEAD_THREADS = 16
 # Seconds a file's check may take before the rest are read by HEAD_THREADS threads: files already
@@ -735,7 +740,7 @@ def check_image_heads(files, where):
     prefix = where.rstrip("/") + "/"
     rels = [f[len(prefix) :] if f.startswith(prefix) else f for f in files]
     key = hashlib.sha256(os.path.realpath(where).encode("utf-8", "surrogateescape")).hexdigest()
-    cache = os.path.join(HEAD_CACHE, f"v1-{key[:32]}.npz")  # v1: bump when verdicts change
+    cache = os.path.join(HEAD_CACHE, f"v{CHECKS}-{key[:32]}.npz")
     sizes, times, todo = [0] * len(files), [0] * len(files), range(len(files))
     if os.path.exists(cache):  # a start after the first: only what changed is read
         sizes, times, todo = unchanged_heads(cache, files, rels) or (sizes, times, todo)
@@ -788,6 +793,8 @@ def _head(path):
             if not why and head.startswith(PARSED_HEADERS) and not plain_jpeg_header(head):
                 with os.fdopen(fd, "rb", closefd=False) as f:
                     why = broken_header(f)
+            if not why and head.startswith(b"\xff\xd8"):
+                why = jpeg_end(lambda at, n: os.pread(fd, n, at), st.st_size, head)
             return st.st_size, st.st_mtime_ns, why
         finally:
             os.close(fd)
@@ -806,20 +813,30 @@ def not_an_image(head):
     )
 
 
+def jpeg_segments(data):
+    """(marker, start of its data, its end) of each segment of the JPEG ``data``, up to its first
+    scan's header, while each is well formed and whole within ``data``."""
+    pos = 2
+    while pos + 4 <= len(data):
+        ff, marker, length = struct.unpack_from(">BBH", data, pos)
+        if ff != 0xFF or length < 2 or pos + 2 + length > len(data):
+            return
+        yield marker, pos + 4, pos + 2 + length
+        if marker == 0xDA:
+            return
+        pos += 2 + length
+
+
 def plain_jpeg_header(head):
     """Whether ``head`` starts with a JPEG header that PIL opens (broken_header), told from segments
     PIL reads whole or checks as below, each within ``head``, a frame before the scan; False where
     PIL must tell (another segment, one cut short or past ``head``, a PNG)."""
-    pos, framed = 2, False
-    while pos + 4 <= len(head):
-        ff, marker, length = struct.unpack_from(">BBH", head, pos)
-        start, end = pos + 4, pos + 2 + length
-        if ff != 0xFF or length < 2 or end > len(head):
-            return False
+    framed = False
+    for marker, start, end in jpeg_segments(head):
         if marker == 0xDA:  # the scan: PIL reads its header and no further
             return framed
         if marker in JPEG_FRAMES:  # 8-bit samples, a size, 1, 3 or 4 components of 3 bytes each
-            if length < 8 or length % 3 != 2:
+            if end - start < 6 or (end - start) % 3 != 0:
                 return False
             bits, height, width, components = struct.unpack_from(">BHHB", head, start)
             if not (bits == 8 and height > 0 and width > 0 and components in (1, 3, 4)):
@@ -830,10 +847,30 @@ def plain_jpeg_header(head):
                 start += 65 if head[start] < 16 else 129
             if start != end:
                 return False
-        elif not (marker in JPEG_PLAIN or (marker in JPEG_READ_7 and length >= 9)):
+        elif not (marker in JPEG_PLAIN or (marker in JPEG_READ_7 and end - start >= 7)):
             return False
-        pos = end
     return False
+
+
+def jpeg_end(read, size, head):
+    """Why the JPEG of ``size`` bytes that starts with ``head`` (``read(offset, n)`` reads it) is
+    not whole, or None. One cut short (a copy or download stopped) is decoded by nvJPEG and by
+    DALI's CPU decoder without a word, the rest of the image grey: its end marker (FF D9) is
+    missing. The scan's own bytes never hold one, so any after the scan's header ends the image;
+    a camera's trailer may follow it. The last TAIL_BYTES tell for most files; the others are read
+    whole."""
+    scan = next((end for marker, _, end in jpeg_segments(head) if marker == 0xDA), None)
+    at = max(0, size - TAIL_BYTES)
+    if scan is not None and read(at, TAIL_BYTES).find(b"\xff\xd9", max(0, scan - at)) >= 0:
+        return None
+    data = read(0, size)
+    scan = next((end for marker, _, end in jpeg_segments(data) if marker == 0xDA), len(data))
+    if data.find(b"\xff\xd9", scan) >= 0:
+        return None
+    return (
+        "cannot decode this image: its bytes stop before the JPEG's end (cut short; DALI would "
+        "decode the part there without a word, the rest grey); remove or replace it"
+    )
 
 
 def broken_header(f):
@@ -1033,10 +1070,11 @@ def shard_index(shard, layout):
         try:
             with open(index + ".json") as f:
                 summary = json.load(f)
-            if (summary["shard"], summary["digest"], summary["index_bytes"]) == (
+            if (summary["shard"], summary["digest"], summary["index_bytes"], summary["checks"]) == (
                 source,
                 digest,
                 os.path.getsize(index),
+                CHECKS,  # its samples were checked as today's are
             ):
                 return index, summary
         except (OSError, ValueError, KeyError, TypeError):
@@ -1049,6 +1087,7 @@ def shard_index(shard, layout):
         "index_bytes": len(text.encode()),
         "samples": samples,
         "labels": labels,
+        "checks": CHECKS,
     }
     os.makedirs(os.path.dirname(index), exist_ok=True)
     with atomic_open(index, "w") as f:
@@ -1112,9 +1151,15 @@ def _scan_shard(shard, layout):
 
 
 def check_sample(shard, which, image):
-    """A ``DataError`` naming a shard's sample whose JPEG or PNG header is broken
-    (broken_header)."""
-    if image[:8].startswith(PARSED_HEADERS) and (why := broken_header(io.BytesIO(image))):
+    """A ``DataError`` naming a shard's sample that is not an image DALI decodes (not_an_image), or
+    a JPEG or PNG whose header is broken (broken_header) or a JPEG cut short (jpeg_end)."""
+    why = not_an_image(image[:16])
+    if not why and image[:8].startswith(PARSED_HEADERS):
+        why = broken_header(io.BytesIO(image))
+    if not why and image.startswith(b"\xff\xd8"):
+        why = jpeg_end(lambda at, n: image[at : at + n], len(image), image)
+    if why:
+        why = why.removesuffix("; remove or replace it")
         raise DataError(f"{shard}: {which}: {why}; write the shard again without it")
 
 

@@ -298,6 +298,27 @@ def test_missing_index_is_built_beside_the_shard(split_root, fmt):
     assert index_files(dst / "train") == written
 
 
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_an_index_of_older_checks_is_built_again(split_root, fmt, monkeypatch):
+    """An index whose summary records other checks (or none: written before they were counted)
+    vouches for samples today's checks have not seen (a text member, a JPEG cut short): its shard
+    is scanned again, and the index of the same shard is the same."""
+    dst = to_shards(split_root, fmt)
+    (shard, *_) = shard_files(str(dst / "train"), fmt)
+    with open(shard + ".idx.json") as f:
+        summary = json.load(f)
+    assert summary["checks"] == data_sources.CHECKS
+    index = open(shard + ".idx").read()
+    scanned, scan = [], data_sources._scan_shard
+    monkeypatch.setattr(data_sources, "_scan_shard", lambda *a: scanned.append(a[0]) or scan(*a))
+    assert data_sources.shard_index(shard, fmt)[1] == summary and scanned == []
+    for older in ({k: v for k, v in summary.items() if k != "checks"}, dict(summary, checks=1)):
+        with open(shard + ".idx.json", "w") as f:
+            json.dump(older, f)
+        assert data_sources.shard_index(shard, fmt)[1] == summary and scanned.pop() == shard
+        assert open(shard + ".idx").read() == index
+
+
 def test_index_builds_print_progress_per_shard(split_root, monkeypatch):
     dst = to_shards(split_root, "wds")
     for name in index_files(dst / "train"):
@@ -658,6 +679,60 @@ def test_the_check_reads_in_threads_only_where_reads_are_slow(tmp_path, monkeypa
     assert (main not in threads[1024:]) if slow else set(threads) == {main}
 
 
+def noise_jpeg(path, **save):
+    pixels = np.random.default_rng(2).integers(0, 256, (64, 64, 3), np.uint8)
+    Image.fromarray(pixels).save(path, quality=95, **save)
+    return path.read_bytes()
+
+
+def comment_before_scan(data, text):
+    """``data``, a JPEG, with a COM segment holding ``text`` just before its scan."""
+    at = data.index(b"\xff\xda")
+    return data[:at] + b"\xff\xfe" + struct.pack(">H", len(text) + 2) + text + data[at:]
+
+
+JPEG_ENDS = {  # name: (the file's bytes from a whole JPEG's, whether it is cut short)
+    "whole": (lambda d: d, False),
+    "cut to a third": (lambda d: d[: len(d) // 3], True),
+    "cut before its end marker": (lambda d: d[:-2], True),
+    "a trailer after its end": (lambda d: d + bytes(range(256)) * 400, False),
+    "zeros after its end": (lambda d: d + bytes(100), False),
+    # an end marker before the scan (a thumbnail's, in a segment) is not the image's end
+    "a thumbnail's end marker, the image cut": (
+        lambda d: comment_before_scan(d, b"\xff\xd8 thumb \xff\xd9")[: d.index(b"\xff\xda") + 40],
+        True,
+    ),
+    "a thumbnail's end marker, the image whole": (
+        lambda d: comment_before_scan(d, b"\xff\xd8 thumb \xff\xd9"),
+        False,
+    ),
+}
+
+
+@pytest.mark.parametrize("progressive", [False, True])
+@pytest.mark.parametrize("case", JPEG_ENDS)
+def test_a_jpeg_cut_short_is_named_and_a_whole_one_passes(tmp_path, monkeypatch, case, progressive):
+    """A JPEG whose bytes stop before its end marker (a copy or download stopped): PIL's header
+    parse passes it and nvJPEG and DALI's CPU decoder decode it without a word, the rest grey; the
+    check names it. Bytes after the end marker (a camera's trailer) are no fault."""
+    monkeypatch.setattr(data_sources, "HEAD_CACHE", str(tmp_path / "cache"))
+    edit, cut = JPEG_ENDS[case]
+    (tmp_path / "c").mkdir()
+    path = tmp_path / "c" / "photo.jpg"
+    path.write_bytes(edit(noise_jpeg(path, progressive=progressive)))
+    with Image.open(path) as image:
+        assert image.size == (64, 64)  # PIL opens every one of them
+    if cut:
+        with pytest.raises(
+            DataError,
+            match=f"^{re.escape(str(path))}: cannot decode this image: its bytes stop before the "
+            "JPEG's end \\(cut short;",
+        ):
+            data_sources.check_image_heads([str(path)], str(tmp_path))
+    else:
+        assert data_sources.check_image_heads([str(path)], str(tmp_path)) == [path.stat().st_size]
+
+
 def test_every_image_type_that_dali_decodes_passes_the_check(tmp_path):
     root = tmp_path / "kinds"
     rng = np.random.default_rng(0)
@@ -771,7 +846,7 @@ def test_a_cache_that_cannot_be_written_is_one_line_and_the_check_passes(
     assert len(build_val(texture_folder).files) == 12
     (line,) = capsys.readouterr().err.splitlines()
     assert re.fullmatch(
-        rf"{tmp_path / 'file' / 'cache'}/v1-[0-9a-f]{{32}}\.npz: not written \(Not a directory\); "
+        rf"{tmp_path / 'file' / 'cache'}/v2-[0-9a-f]{{32}}\.npz: not written \(Not a directory\); "
         "the next start checks again",
         line,
     )
@@ -851,6 +926,7 @@ def test_find_undecodable_names_the_sample_in_a_shard(split_root, fmt, monkeypat
     (split_root / "train" / "b c" / "img4.png").write_bytes(b"not a png")
     # shards written by another tool, which let a file that is no image in (make_shards.py doesn't)
     monkeypatch.setattr(sys.modules["make_shards"], "check_image_heads", lambda *_: None)
+    monkeypatch.setattr(data_sources, "check_sample", lambda *_: None)  # and no index's scan
     dst = to_shards(split_root, fmt, seed=1)
     found = find_undecodable(ClassifyValPipeline(2, 1, None, str(dst / "train")))
     shard, sample = re.fullmatch(r"(.+): sample (\S+)", found).groups()
@@ -1338,22 +1414,51 @@ def test_a_byte_changed_in_a_tfrecord_and_a_shard_that_cannot_be_read_are_one_li
         ClassifyValPipeline(4, 1, None, str(dst / "train"))
 
 
+def cut_jpeg(path):
+    """A JPEG of noise (its scan runs to its end) cut to a third of its bytes, as a stopped copy
+    leaves it: PIL opens it (the header is whole) and says "image file is truncated" on load."""
+    pixels = np.random.default_rng(1).integers(0, 256, (64, 64, 3), np.uint8)
+    Image.fromarray(pixels).save(path, quality=95)
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 3])
+    with Image.open(path) as image:
+        with pytest.raises(OSError, match="image file is truncated"):
+            image.load()
+    return path
+
+
+BAD_SAMPLES = {
+    # random bytes after FF D8 FF E0: DALI 2.4's parser killed the process (SIGSEGV)
+    "broken header": (
+        lambda p: p.write_bytes(
+            b"\xff\xd8\xff\xe0"
+            + np.random.default_rng(0).integers(0, 256, 3000, np.uint8).tobytes()
+        ),
+        "cannot decode this image: its header is broken",
+    ),
+    # another tool's shards let any file in: DALI's decoder killed the process (SIGSEGV)
+    "text": (
+        lambda p: p.write_bytes(b"a caption, not an image\n" * 40),
+        "cannot decode this image: not an image file \\(its first bytes are b'a captio'",
+    ),
+    # decoded without a word, the rest of the image grey, on the GPU and the CPU
+    "cut short": (cut_jpeg, "cannot decode this image: its bytes stop before the JPEG's end"),
+}
+
+
+@pytest.mark.parametrize("bad_kind", BAD_SAMPLES)
 @pytest.mark.parametrize("fmt", FORMATS)
-def test_a_jpeg_whose_header_breaks_after_its_first_marker_is_named_in_a_shard(tmp_path, fmt):
-    """Random bytes after FF D8 FF E0: DALI 2.4's parser killed the process (SIGSEGV) in a
-    pipeline's first batch, inside a shard too; the index's scan names the sample."""
+def test_a_sample_dali_cannot_decode_whole_is_named_in_a_shard(tmp_path, fmt, bad_kind):
+    """Shards written by another tool (not make_shards.py, which checks each file): the index's
+    scan, before DALI reads a sample, names the shard and the sample and says what it holds."""
     good = tmp_path / "good.png"
     Image.new("RGB", (20, 20), (10, 90, 160)).save(good)
+    write_bad, why = BAD_SAMPLES[bad_kind]
     bad = tmp_path / "bad.jpg"
-    bad.write_bytes(
-        b"\xff\xd8\xff\xe0" + np.random.default_rng(0).integers(0, 256, 3000, np.uint8).tobytes()
-    )
+    write_bad(bad)
     name = "train-00000-of-00001" if fmt == "tfrecord" else "train-000000.tar"
     (tmp_path / "train").mkdir()
     write_shard(tmp_path / "train" / name, fmt, [(str(good), 0), (str(bad), 1), (str(good), 0)])
     which = "record 1" if fmt == "tfrecord" else "sample s1"
-    with pytest.raises(
-        DataError,
-        match=rf"^{tmp_path / 'train' / name}: {which}: cannot decode this image: its header is broken",
-    ):
+    with pytest.raises(DataError, match=rf"^{tmp_path / 'train' / name}: {which}: {why}"):
         ClassifyTrainPipeline(32, 1, None, str(tmp_path / "train"), crop_size=16, num_classes=2)

@@ -2595,19 +2595,37 @@ def test_sizes_past_any_image_are_one_line(capsys, flag):
     assert capsys.readouterr().err.endswith("must be in [1, 8192], got 50000\n")
 
 
-def test_a_jpeg_whose_header_breaks_is_named_at_batch_32(tmp_path):
-    """DALI 2.4 killed training at -b 32 in 2 runs of 10 on such a file (a first batch's decode);
-    it is refused, from its header, before DALI reads it."""
+def cut_short(data):  # a copy or download stopped at a third: the header whole
+    return data[: len(data) // 3]
+
+
+def broken_header(data):  # random bytes after the first marker
+    return b"\xff\xd8\xff\xe0" + bytes(np.random.default_rng(0).integers(0, 256, 3000, np.uint8))
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("gpu", marks=gpu)])
+@pytest.mark.parametrize(
+    "edit, why",
+    [
+        (broken_header, "its header is broken or cut short"),
+        (cut_short, "its bytes stop before the JPEG's end"),
+    ],
+)
+def test_a_jpeg_that_does_not_decode_whole_is_named_at_batch_32(tmp_path, device, edit, why):
+    """DALI 2.4 killed training at -b 32 in 2 runs of 10 on a JPEG whose header breaks (a first
+    batch's decode), and trained on one cut short without a word (nvJPEG and the CPU decoder
+    decode what is there); both are refused, before DALI reads them."""
     root = tiny_imagefolder(str(tmp_path / "d"), per_class=20)
     bad = os.path.join(root, "train", "b", "photo.jpg")
+    pixels = np.random.default_rng(1).integers(0, 256, (64, 64, 3), np.uint8)
+    Image.fromarray(pixels).save(bad, quality=95)
+    with open(bad, "rb") as f:
+        data = f.read()
     with open(bad, "wb") as f:
-        f.write(
-            b"\xff\xd8\xff\xe0" + bytes(np.random.default_rng(0).integers(0, 256, 3000, np.uint8))
-        )
-    proc = tiny_run(root, str(tmp_path / "o"), "--batch-size", "32", check=False)
-    assert_one_line_error(
-        proc, f"{bad}: cannot decode this image: its header is broken or cut short"
-    )
+        f.write(edit(data))
+    env = os.environ if device == "gpu" else CPU_ENV
+    proc = tiny_run(root, str(tmp_path / "o"), "--batch-size", "32", check=False, env=env)
+    assert_one_line_error(proc, f"{bad}: cannot decode this image: {why}")
 
 
 # ------------------------------------------------------------------------------------------
