@@ -790,11 +790,12 @@ def _head(path):
                 return 0, 0, "not a regular file (a FIFO, socket or device named as an image)"
             head = os.pread(fd, HEAD_BYTES, 0)
             why = not_an_image(head)
-            if not why and head.startswith(PARSED_HEADERS) and not plain_jpeg_header(head):
+            plain = head.startswith(PARSED_HEADERS) and plain_jpeg_header(head)
+            if not why and head.startswith(PARSED_HEADERS) and not plain:
                 with os.fdopen(fd, "rb", closefd=False) as f:
                     why = broken_header(f)
             if not why and head.startswith(b"\xff\xd8"):
-                why = jpeg_end(lambda at, n: os.pread(fd, n, at), st.st_size, head)
+                why = jpeg_end(lambda at, n: os.pread(fd, n, at), st.st_size, plain)
             return st.st_size, st.st_mtime_ns, why
         finally:
             os.close(fd)
@@ -813,59 +814,51 @@ def not_an_image(head):
     )
 
 
-def jpeg_segments(data):
-    """(marker, start of its data, its end) of each segment of the JPEG ``data``, up to its first
-    scan's header, while each is well formed and whole within ``data``."""
-    pos = 2
-    while pos + 4 <= len(data):
-        ff, marker, length = struct.unpack_from(">BBH", data, pos)
-        if ff != 0xFF or length < 2 or pos + 2 + length > len(data):
-            return
-        yield marker, pos + 4, pos + 2 + length
-        if marker == 0xDA:
-            return
-        pos += 2 + length
-
-
 def plain_jpeg_header(head):
-    """Whether ``head`` starts with a JPEG header that PIL opens (broken_header), told from segments
-    PIL reads whole or checks as below, each within ``head``, a frame before the scan; False where
-    PIL must tell (another segment, one cut short or past ``head``, a PNG)."""
-    framed = False
-    for marker, start, end in jpeg_segments(head):
+    """Where the scan's header ends, if ``head`` starts with a JPEG header that PIL opens
+    (broken_header), told from segments PIL reads whole or checks as below, each within ``head``, a
+    frame before the scan; 0 where PIL must tell (another segment, one cut short or past ``head``,
+    a PNG)."""
+    pos, framed = 2, False
+    while pos + 4 <= len(head):
+        ff, marker, length = struct.unpack_from(">BBH", head, pos)
+        start, end = pos + 4, pos + 2 + length
+        if ff != 0xFF or length < 2 or end > len(head):
+            return 0
         if marker == 0xDA:  # the scan: PIL reads its header and no further
-            return framed
+            return end if framed else 0
         if marker in JPEG_FRAMES:  # 8-bit samples, a size, 1, 3 or 4 components of 3 bytes each
-            if end - start < 6 or (end - start) % 3 != 0:
-                return False
+            if length < 8 or length % 3 != 2:
+                return 0
             bits, height, width, components = struct.unpack_from(">BHHB", head, start)
             if not (bits == 8 and height > 0 and width > 0 and components in (1, 3, 4)):
-                return False
+                return 0
             framed = True
         elif marker == 0xDB:  # quantization tables of 1 + 64 or 1 + 128 bytes, filling it
             while start < end:
                 start += 65 if head[start] < 16 else 129
             if start != end:
-                return False
-        elif not (marker in JPEG_PLAIN or (marker in JPEG_READ_7 and end - start >= 7)):
-            return False
-    return False
+                return 0
+        elif not (marker in JPEG_PLAIN or (marker in JPEG_READ_7 and length >= 9)):
+            return 0
+        pos = end
+    return 0
 
 
-def jpeg_end(read, size, head):
-    """Why the JPEG of ``size`` bytes that starts with ``head`` (``read(offset, n)`` reads it) is
-    not whole, or None. One cut short (a copy or download stopped) is decoded by nvJPEG and by
-    DALI's CPU decoder without a word, the rest of the image grey: its end marker (FF D9) is
-    missing. The scan's own bytes never hold one, so any after the scan's header ends the image;
-    a camera's trailer may follow it. The last TAIL_BYTES tell for most files; the others are read
-    whole."""
-    scan = next((end for marker, _, end in jpeg_segments(head) if marker == 0xDA), None)
-    at = max(0, size - TAIL_BYTES)
-    if scan is not None and read(at, TAIL_BYTES).find(b"\xff\xd9", max(0, scan - at)) >= 0:
+def jpeg_end(read, size, scan=0):
+    """Why the JPEG of ``size`` bytes that ``read(offset, n)`` reads is not whole, or None. One cut
+    short (a copy or download stopped) is decoded by nvJPEG and by DALI's CPU decoder without a
+    word, the rest of the image grey: its end marker (FF D9) is missing. The scan's own bytes never
+    hold one, so any after the scan's header (``scan``, where plain_jpeg_header found it) ends the
+    image; a camera's trailer may follow it. The last TAIL_BYTES tell for most files; the others,
+    and those whose header PIL judged, are read whole."""
+    if scan and read(max(scan, size - TAIL_BYTES), TAIL_BYTES).find(b"\xff\xd9") >= 0:
         return None
     data = read(0, size)
-    scan = next((end for marker, _, end in jpeg_segments(data) if marker == 0xDA), len(data))
-    if data.find(b"\xff\xd9", scan) >= 0:
+    if not scan:  # PIL reads up to the end of the scan's header, and no further
+        with contextlib.suppress(Exception), Image.open(f := io.BytesIO(data)):
+            scan = f.tell()
+    if data.find(b"\xff\xd9", scan or 2) >= 0:
         return None
     return (
         "cannot decode this image: its bytes stop before the JPEG's end (cut short; DALI would "
@@ -1154,10 +1147,11 @@ def check_sample(shard, which, image):
     """A ``DataError`` naming a shard's sample that is not an image DALI decodes (not_an_image), or
     a JPEG or PNG whose header is broken (broken_header) or a JPEG cut short (jpeg_end)."""
     why = not_an_image(image[:16])
-    if not why and image[:8].startswith(PARSED_HEADERS):
+    plain = image.startswith(PARSED_HEADERS) and plain_jpeg_header(image[:HEAD_BYTES])
+    if not why and image.startswith(PARSED_HEADERS) and not plain:
         why = broken_header(io.BytesIO(image))
     if not why and image.startswith(b"\xff\xd8"):
-        why = jpeg_end(lambda at, n: image[at : at + n], len(image), image)
+        why = jpeg_end(lambda at, n: image[at : at + n], len(image), plain)
     if why:
         why = why.removesuffix("; remove or replace it")
         raise DataError(f"{shard}: {which}: {why}; write the shard again without it")

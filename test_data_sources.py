@@ -685,10 +685,11 @@ def noise_jpeg(path, **save):
     return path.read_bytes()
 
 
-def comment_before_scan(data, text):
-    """``data``, a JPEG, with a COM segment holding ``text`` just before its scan."""
+def segment_before_scan(data, text, marker=b"\xfe"):
+    """``data``, a JPEG, with a segment (a comment, or an APP1 as EXIF's, whose header PIL
+    judges) holding ``text`` just before its scan."""
     at = data.index(b"\xff\xda")
-    return data[:at] + b"\xff\xfe" + struct.pack(">H", len(text) + 2) + text + data[at:]
+    return data[:at] + b"\xff" + marker + struct.pack(">H", len(text) + 2) + text + data[at:]
 
 
 JPEG_ENDS = {  # name: (the file's bytes from a whole JPEG's, whether it is cut short)
@@ -697,16 +698,15 @@ JPEG_ENDS = {  # name: (the file's bytes from a whole JPEG's, whether it is cut 
     "cut before its end marker": (lambda d: d[:-2], True),
     "a trailer after its end": (lambda d: d + bytes(range(256)) * 400, False),
     "zeros after its end": (lambda d: d + bytes(100), False),
-    # an end marker before the scan (a thumbnail's, in a segment) is not the image's end
-    "a thumbnail's end marker, the image cut": (
-        lambda d: comment_before_scan(d, b"\xff\xd8 thumb \xff\xd9")[: d.index(b"\xff\xda") + 40],
-        True,
-    ),
-    "a thumbnail's end marker, the image whole": (
-        lambda d: comment_before_scan(d, b"\xff\xd8 thumb \xff\xd9"),
-        False,
-    ),
 }
+# an end marker before the scan (a thumbnail's, in a segment) is not the image's end
+for _marker, _where in ((b"\xfe", "a comment"), (b"\xe1", "an APP1")):
+    _with = functools.partial(segment_before_scan, text=b"\xff\xd8 thumb \xff\xd9", marker=_marker)
+    JPEG_ENDS[f"a thumbnail's end marker in {_where}, the image cut"] = (
+        lambda d, w=_with: w(d)[: d.index(b"\xff\xda") + 40],
+        True,
+    )
+    JPEG_ENDS[f"a thumbnail's end marker in {_where}, the image whole"] = (_with, False)
 
 
 @pytest.mark.parametrize("progressive", [False, True])
