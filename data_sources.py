@@ -388,24 +388,39 @@ def first_changed(root, files):
     )
 
 
-def watch(root, files):
-    """``(root, files)`` for ``check_unchanged``; an s3:// root's listing is taken now, the one
-    that later listings are compared with."""
+def watch(root, files, stamps=None):
+    """``(root, files, stamps)`` for ``check_unchanged``: an s3:// root's listing is taken now, the
+    one that later listings are compared with; local files' ``stamps`` (their sizes and
+    modification times as the header check found them, ``ClassifyReader.stamps``) are compared
+    with the file system's."""
     if remote(root):
         s3_files(root)
-    return root, files
+    return root, files, stamps
 
 
 def check_unchanged(watched):
-    """A ``DataError`` naming the first s3:// file of ``watched`` (``watch``'s pairs) replaced or
-    gone since the run listed it. DALI reads a replaced object's new bytes without a word (only
-    one cut short fails it), so a run asks the store again: one listing of each root."""
-    for root, files in watched:
-        if remote(root) and (changed := first_changed(root, files)):
+    """A ``DataError`` naming the first file of ``watched`` (``watch``'s triples) replaced or gone
+    since the run listed it. DALI reads a replaced file's new bytes without a word (a JPEG cut
+    short, or text, which DALI 2.4's decoder can die on), so a run looks again: one listing of each
+    s3:// root, a stat of each local file."""
+    for root, files, stamps in watched:
+        changed = first_changed(root, files) if remote(root) else first_restamped(files, stamps)
+        if changed:
             raise DataError(
-                f"{changed}: changed or gone since this run listed it (another size or ETag); "
-                "the data must stay as listed for the whole run"
+                f"{changed}: changed or gone since this run listed it (another size or "
+                f"{'ETag' if remote(root) else 'modification time'}); the data must stay as listed "
+                "for the whole run"
             )
+
+
+def first_restamped(files, stamps):
+    """The first of the local ``files`` whose (size, modification time) is no longer its row of
+    ``stamps``, or None; stat'ed a chunk at a time, not a tuple a file kept."""
+    for at in range(0, len(files), 1 << 16):
+        now = np.array([_stat(f) for f in files[at : at + (1 << 16)]], np.int64).reshape(-1, 2)
+        if (moved := np.flatnonzero((now != stamps[at : at + len(now)]).any(axis=1))).size:
+            return files[at + moved[0]]
+    return None
 
 
 def first_gone(files):
@@ -453,7 +468,9 @@ class ClassifyReader:
 
     def __init__(self, data_dir, reading, *, batch_size, shuffle, **file_args):
         self.label_offset, self.data_dir, self.ra = reading.label_offset, data_dir, None
-        self.sizes = None  # of a local tree's or file list's files, from their check
+        # of a local tree's or file list's files, from their check: sizes, and (size, modification
+        # time) rows
+        self.sizes = self.stamps = None
         self.layout = "folder" if reading.file_list is not None else find_layout(data_dir)
         # what the iterator counts an epoch by: the reader's own shard, or the sampler's batches
         self.epoch = dict(reader_name="Reader")
@@ -496,7 +513,8 @@ class ClassifyReader:
             if labels:
                 ranges = [(file_list, min(labels), max(labels))]
         if not remote(data_dir):  # in object storage, a request per file: DALI reads them unchecked
-            self.sizes = check_image_heads(self.files, data_dir)
+            self.stamps = check_image_heads(self.files, data_dir)
+            self.sizes = self.stamps[:, 0].tolist()
         self.num_samples = len(self.files)
         return labels, ranges
 
@@ -734,7 +752,8 @@ def list_image_folder(data_dir, classes=None):
 def check_image_heads(files, where):
     """A ``DataError`` naming the first of the local image ``files`` (those of ``where``, a folder)
     that does not start as an image does (IMAGE_MAGIC: a text file, a GIF or a PDF named .jpg) or
-    whose JPEG or PNG header is broken (broken_header); else their sizes. Those that pass are kept
+    whose JPEG or PNG header is broken (broken_header); else their sizes and modification times
+    (a row each, int64). Those that pass are kept
     with their sizes and times (HEAD_CACHE): a later start (a resume, a requeue, another run) reads
     only the files added or changed. A check of LONG_CHECK files or more says so in one line."""
     prefix = where.rstrip("/") + "/"
@@ -759,7 +778,7 @@ def check_image_heads(files, where):
         finally:
             if checked:  # what passed until a bad file or Ctrl-C, too
                 save_heads(cache, rels, sizes, times, todo[checked:], started)
-    return sizes
+    return np.array([sizes, times], np.int64).T.reshape(-1, 2)
 
 
 def _all_heads(pool, chunks):
@@ -1484,7 +1503,11 @@ def name_undecodable(pipe, error):
             if changed
             else f"{pipe.read.data_dir}: DALI failed reading this data (DALI: {dali})"
         ) from None
-    # a file deleted under the run: the search below would stop on it with a traceback
+    # a file replaced or deleted under the run: the search below would stop on a deleted one
+    stamps = getattr(pipe.read, "stamps", None)
+    if stamps is not None and (changed := first_restamped(pipe.files, stamps)):
+        what = "changed" if os.path.exists(changed) else "gone"
+        raise DataError(f"{changed}: {what} since this run listed it (DALI: {dali})") from None
     if gone := first_gone(pipe.files):
         raise DataError(f"{gone}: gone since this run listed it (DALI: {dali})") from None
     culprit = find_undecodable(pipe)

@@ -730,7 +730,8 @@ def test_a_jpeg_cut_short_is_named_and_a_whole_one_passes(tmp_path, monkeypatch,
         ):
             data_sources.check_image_heads([str(path)], str(tmp_path))
     else:
-        assert data_sources.check_image_heads([str(path)], str(tmp_path)) == [path.stat().st_size]
+        found = data_sources.check_image_heads([str(path)], str(tmp_path))
+        assert found.tolist() == [[path.stat().st_size, path.stat().st_mtime_ns]]
 
 
 def test_every_image_type_that_dali_decodes_passes_the_check(tmp_path):
@@ -765,6 +766,33 @@ def build_val(folder):
     return ClassifyValPipeline(
         2, 1, None, str(folder), crop_size=16, resize_size=16, reader=ClassifyReader
     )
+
+
+@pytest.mark.parametrize("edit", ["cut short", "text", "same size", "touched", "gone"])
+def test_a_local_image_changed_under_the_run_is_named(texture_folder, heads_read, edit):
+    """What the trainers look for at each epoch's end: a file whose size or modification time is
+    not the one its check found (DALI would read the new bytes without a word, or die on them)."""
+    pipe = build_val(texture_folder)
+    watched = [data_sources.watch(str(texture_folder), pipe.files, pipe.read.stamps)]
+    assert pipe.read.stamps.shape == (12, 2) and pipe.read.sizes == pipe.read.stamps[:, 0].tolist()
+    data_sources.check_unchanged(watched)  # nothing changed: no error
+    bad = texture_folder / "zebra" / "t2.jpg"
+    data = bad.read_bytes()
+    if edit == "gone":
+        bad.unlink()
+    elif edit == "touched":
+        os.utime(bad)
+    else:
+        bad.write_bytes(
+            {"cut short": data[:100], "text": b"notes " * 100, "same size": data[::-1]}[edit]
+        )
+    assert str(bad) in pipe.files
+    with pytest.raises(
+        DataError,
+        match=f"^{re.escape(str(bad))}: changed or gone since this run listed it \\(another size "
+        "or modification time\\); the data must stay as listed for the whole run$",
+    ):
+        data_sources.check_unchanged(watched)
 
 
 def test_a_second_start_over_unchanged_images_reads_none_of_them(texture_folder, heads_read):

@@ -2595,6 +2595,46 @@ def test_sizes_past_any_image_are_one_line(capsys, flag):
     assert capsys.readouterr().err.endswith("must be in [1, 8192], got 50000\n")
 
 
+@pytest.mark.parametrize("edit", ["text", "cut short"])
+def test_an_image_changed_while_the_run_trains_stops_it_before_its_epoch_is_saved(tmp_path, edit):
+    """An image overwritten while the run trains: DALI read the new bytes in a later epoch without
+    a word (a JPEG cut short) or died on them (text). The run stats its files at each epoch's end,
+    while validation runs, and stops before the epoch's checkpoint, naming the file."""
+    root = tiny_imagefolder(str(tmp_path / "d"), per_class=20)
+    bad = os.path.join(root, "train", "b", "7.png")
+    out = str(tmp_path / "o")
+    flags = ["--epochs", "3", "--print-freq", "1", "--output-dir", out]
+    proc = subprocess.Popen(
+        [sys.executable, SCRIPT, "--data", root, *TINY, *flags],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=CPU_ENV,
+        cwd=HERE,
+    )
+    deadline = time.time() + 300
+    while not (os.path.exists(os.path.join(out, "metrics.jsonl")) and records(out, "train")):
+        assert proc.poll() is None and time.time() < deadline, proc.stderr.read()
+        time.sleep(0.01)
+    with open(bad, "rb") as f:
+        data = f.read()
+    with open(bad, "wb") as f:
+        f.write(b"notes, not an image\n" * 20 if edit == "text" else data[: len(data) // 2])
+    epochs_before = len(records(out, "epoch"))
+    _, stderr = proc.communicate(timeout=300)
+    # found at the epoch's end, or where DALI failed on it first (text): named as changed
+    assert_one_line_error(SimpleNamespace(returncode=proc.returncode, stderr=stderr))
+    assert re.fullmatch(
+        f"error: {re.escape(bad)}: (changed or gone since this run listed it \\(another size or "
+        "modification time\\); the data must stay as listed for the whole run|changed since this "
+        "run listed it \\(DALI: .+\\))",
+        stderr.strip().splitlines()[-1],  # after a line of DALI's native decoder, if any
+    ), stderr
+    # the epoch it changed in is not saved (one more where the change came after that check)
+    assert len(records(out, "epoch")) <= min(epochs_before + 1, 2)
+    assert not records(out, "end")
+
+
 def cut_short(data):  # a copy or download stopped at a third: the header whole
     return data[: len(data) // 3]
 

@@ -25,6 +25,7 @@ import functools
 import os
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import flags
 
@@ -443,11 +444,14 @@ def main(args):
         first_step, loss_sum = 0, 0.0
         if world.distributed:
             training.sync_buffers(state["model"], state["model_ema"])
-        metrics = validate(state, data, args, world, step_log)
+        # a file or object replaced under the run stops it before the epoch is saved; looked for
+        # (a stat a file, a listing of the store) while validation runs
+        with ThreadPoolExecutor(1) as watcher:
+            watching = watcher.submit(check_unchanged, data.watched)
+            metrics = validate(state, data, args, world, step_log)
         if crop:
             metrics["train_crop_size"] = crop
-        if data.watched:  # an s3:// object replaced under the run: stop before the epoch is saved
-            check_unchanged(data.watched)
+        watching.result()
         path = checkpoints.save(epoch, data.steps, score=metrics["val_top1"])
         log.epoch_end(epoch, data.steps, train_loss, metrics, time.perf_counter() - begun)
         if signum := stop.agree()[0]:  # a signal during the epoch's last validation batches
@@ -672,7 +676,11 @@ def build_loaders(args, world, ckpt, log):
         num_samples=train_pipe.num_samples,
         # every process's: check_one_run compares them
         digest=data_digest(train_pipe.read.data_dir, train_pipe.files, train_pipe.read.sizes),
-        watched=[watch(p.read.data_dir, p.files) for p in pipes if remote(p.read.data_dir)],
+        watched=[
+            watch(p.read.data_dir, p.files, p.read.stamps)
+            for p in pipes
+            if remote(p.read.data_dir) or p.read.stamps is not None
+        ],
         first_epoch=first_epoch,
     )
     return data, cache

@@ -781,7 +781,7 @@ class RunData:
     classes: list  # class names, in label order
     num_samples: int  # training samples, all shards
     digest: str = None  # data_sources.data_digest of the training files: names and sizes
-    watched: list = ()  # data_sources.watch's (root, files): s3:// files checked every epoch
+    watched: list = ()  # data_sources.watch's (root, files, stamps): checked every epoch
     first_epoch: int = 1  # the epoch the training pipeline started with (resume.pipeline_state)
     rest: Any = None  # resume.RestOfEpoch: a checkpoint's epoch on another number of processes
 
