@@ -413,6 +413,17 @@ def check_unchanged(watched):
             )
 
 
+@contextlib.contextmanager
+def unchanged(watched):
+    """``check_unchanged(watched)`` in a thread while the block runs (validation, which its stat of
+    each file or listing of the store would otherwise wait for); its DataError at the block's
+    end."""
+    with ThreadPoolExecutor(1) as pool:
+        looking = pool.submit(check_unchanged, watched)
+        yield
+    looking.result()
+
+
 def first_restamped(files, stamps):
     """The first of the local ``files`` whose (size, modification time) is no longer its row of
     ``stamps``, or None; stat'ed a chunk at a time, not a tuple a file kept."""

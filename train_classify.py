@@ -25,7 +25,6 @@ import functools
 import os
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 import flags
 
@@ -288,12 +287,12 @@ except (ImportError, OSError, RuntimeError) as e:
 import training
 from data_sources import (
     ClassifyReader,
-    check_unchanged,
     data_digest,
     decode_errors_named,
     isdir,
     plan_decoder_cache,
     remote,
+    unchanged,
     watch,
 )
 from pipelines import ClassifyTrainPipeline, ClassifyValPipeline, classify_iterator
@@ -444,14 +443,10 @@ def main(args):
         first_step, loss_sum = 0, 0.0
         if world.distributed:
             training.sync_buffers(state["model"], state["model_ema"])
-        # a file or object replaced under the run stops it before the epoch is saved; looked for
-        # (a stat a file, a listing of the store) while validation runs
-        with ThreadPoolExecutor(1) as watcher:
-            watching = watcher.submit(check_unchanged, data.watched)
+        with unchanged(data.watched):  # a file replaced under the run: stop before it is saved
             metrics = validate(state, data, args, world, step_log)
         if crop:
             metrics["train_crop_size"] = crop
-        watching.result()
         path = checkpoints.save(epoch, data.steps, score=metrics["val_top1"])
         log.epoch_end(epoch, data.steps, train_loss, metrics, time.perf_counter() - begun)
         if signum := stop.agree()[0]:  # a signal during the epoch's last validation batches
