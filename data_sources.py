@@ -426,12 +426,9 @@ def unchanged(watched):
 
 def first_restamped(files, stamps):
     """The first of the local ``files`` whose (size, modification time) is no longer its row of
-    ``stamps``, or None; stat'ed a chunk at a time, not a tuple a file kept."""
-    for at in range(0, len(files), 1 << 16):
-        now = np.array([_stat(f) for f in files[at : at + (1 << 16)]], np.int64).reshape(-1, 2)
-        if (moved := np.flatnonzero((now != stamps[at : at + len(now)]).any(axis=1))).size:
-            return files[at + moved[0]]
-    return None
+    ``stamps``, or None."""
+    moved = np.flatnonzero((file_stamps(files) != stamps).any(axis=1))
+    return files[moved[0]] if moved.size else None
 
 
 def first_gone(files):
@@ -479,9 +476,7 @@ class ClassifyReader:
 
     def __init__(self, data_dir, reading, *, batch_size, shuffle, **file_args):
         self.label_offset, self.data_dir, self.ra = reading.label_offset, data_dir, None
-        # of a local tree's or file list's files, from their check: sizes, and (size, modification
-        # time) rows
-        self.sizes = self.stamps = None
+        self.stamps = None  # of a local tree's or file list's files, from their check
         self.layout = "folder" if reading.file_list is not None else find_layout(data_dir)
         # what the iterator counts an epoch by: the reader's own shard, or the sampler's batches
         self.epoch = dict(reader_name="Reader")
@@ -500,6 +495,11 @@ class ClassifyReader:
             self.num_classes = len(self.classes)
         self.check_labels(ranges)
         self.to_int32 = ops.Cast(dtype=types.INT32)
+
+    @property
+    def sizes(self):
+        """The sizes of a local tree's or file list's files, from their check; else None."""
+        return None if self.stamps is None else self.stamps[:, 0].tolist()
 
     def check_labels(self, ranges):
         """A ``DataError`` where a stored label, less ``label_offset``, is outside
@@ -525,7 +525,6 @@ class ClassifyReader:
                 ranges = [(file_list, min(labels), max(labels))]
         if not remote(data_dir):  # in object storage, a request per file: DALI reads them unchecked
             self.stamps = check_image_heads(self.files, data_dir)
-            self.sizes = self.stamps[:, 0].tolist()
         self.num_samples = len(self.files)
         return labels, ranges
 
@@ -819,18 +818,32 @@ def _head(path):
             if not stat.S_ISREG(st.st_mode):
                 return 0, 0, "not a regular file (a FIFO, socket or device named as an image)"
             head = os.pread(fd, HEAD_BYTES, 0)
-            why = not_an_image(head)
-            plain = head.startswith(PARSED_HEADERS) and plain_jpeg_header(head)
-            if not why and head.startswith(PARSED_HEADERS) and not plain:
-                with os.fdopen(fd, "rb", closefd=False) as f:
-                    why = broken_header(f)
-            if not why and head.startswith(b"\xff\xd8"):
-                why = jpeg_end(lambda at, n: os.pread(fd, n, at), st.st_size, plain)
+            why = image_fault(
+                head,
+                st.st_size,
+                lambda at, n: os.pread(fd, n, at),
+                lambda: os.fdopen(fd, "rb", closefd=False),
+            )
             return st.st_size, st.st_mtime_ns, why
         finally:
             os.close(fd)
     except OSError as e:
         return 0, 0, f"cannot be read ({e.strerror})"
+
+
+def image_fault(head, size, read, file):
+    """Why the image of ``size`` bytes that starts with ``head`` (its first HEAD_BYTES) cannot be
+    decoded, or None: not an image DALI decodes (not_an_image), a JPEG or PNG header broken
+    (broken_header, where plain_jpeg_header cannot tell), a JPEG cut short (jpeg_end).
+    ``read(offset, n)`` reads its bytes; ``file()`` opens it for PIL."""
+    why = not_an_image(head)
+    plain = head.startswith(PARSED_HEADERS) and plain_jpeg_header(head)
+    if not why and head.startswith(PARSED_HEADERS) and not plain:
+        with file() as f:
+            why = broken_header(f)
+    if not why and head.startswith(b"\xff\xd8"):
+        why = jpeg_end(read, size, plain)
+    return why
 
 
 def not_an_image(head):
@@ -925,12 +938,19 @@ def unchanged_heads(cache, files, rels):
         return None
     if len(names) != len(then):  # an array's header damaged
         return None
-    now = np.array([_stat(f) for f in files], np.int64).reshape(-1, 2)
+    now = file_stamps(files)
     if names != rels:  # files added or removed since: each found by name
         index = {name: k for k, name in enumerate(names)}
         then = np.array([then[index[rel]] if rel in index else (-1, -1) for rel in rels], np.int64)
     todo = np.flatnonzero((now != then.reshape(-1, 2)).any(axis=1)).tolist()
     return now[:, 0].tolist(), now[:, 1].tolist(), todo
+
+
+def file_stamps(files):
+    """The (size, modification time in ns) row of each of the local ``files``, int64; (-1, -1)
+    where one is gone or unreadable. Filled a file at a time: no tuple a file is kept."""
+    rows = np.fromiter(map(_stat, files), np.dtype((np.int64, 2)), len(files))
+    return rows.reshape(-1, 2)
 
 
 def _stat(path):
@@ -1174,14 +1194,10 @@ def _scan_shard(shard, layout):
 
 
 def check_sample(shard, which, image):
-    """A ``DataError`` naming a shard's sample that is not an image DALI decodes (not_an_image), or
-    a JPEG or PNG whose header is broken (broken_header) or a JPEG cut short (jpeg_end)."""
-    why = not_an_image(image[:16])
-    plain = image.startswith(PARSED_HEADERS) and plain_jpeg_header(image[:HEAD_BYTES])
-    if not why and image.startswith(PARSED_HEADERS) and not plain:
-        why = broken_header(io.BytesIO(image))
-    if not why and image.startswith(b"\xff\xd8"):
-        why = jpeg_end(lambda at, n: image[at : at + n], len(image), plain)
+    """A ``DataError`` naming a shard's sample that DALI cannot decode whole, as a file's check
+    finds it (image_fault)."""
+    head, size = image[:HEAD_BYTES], len(image)
+    why = image_fault(head, size, lambda at, n: image[at : at + n], lambda: io.BytesIO(image))
     if why:
         why = why.removesuffix("; remove or replace it")
         raise DataError(f"{shard}: {which}: {why}; write the shard again without it")

@@ -27,6 +27,7 @@ from test_train_classify import (
     final_weights,
     records,
     run,
+    started_training,
     tiny_imagefolder,
 )
 
@@ -418,37 +419,11 @@ def test_error_a_shard_rewritten_since_its_index(s3, sets, tmp_path):
     assert not os.path.exists(os.path.join(out, "metrics.jsonl"))
 
 
-def started_training(url, out, epochs):
-    """The trainer on ``url``, in the background, once it has logged a training step."""
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            SCRIPT,
-            "--data",
-            url,
-            *TINY,
-            "--epochs",
-            str(epochs),
-            "--output-dir",
-            out,
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=CPU_ENV,
-    )
-    deadline = time.time() + 300
-    while not (os.path.exists(os.path.join(out, "metrics.jsonl")) and records(out, "train")):
-        assert proc.poll() is None and time.time() < deadline, proc.stderr.read()
-        time.sleep(0.01)
-    return proc
-
-
 def test_error_a_shard_truncated_mid_run(s3, sets, tmp_path):
     """Cut short while the run trains, after it checked the shard: DALI's read fails; the line names the shard."""
     url = upload(s3.client, sets["tfrecord"][0], "tfrecord-truncated")
     out = str(tmp_path / "o")
-    proc = started_training(url, out, epochs=2)
+    proc = started_training(out, "--data", url, "--epochs", "2")
     with open(os.path.join(sets["tfrecord"][0], "train", "train-00001-of-00005"), "rb") as f:
         s3.client.put_object(
             Bucket="bkt", Key="tfrecord-truncated/train/train-00001-of-00005", Body=f.read(300)
@@ -499,7 +474,7 @@ def test_error_an_object_replaced_mid_run_by_one_of_the_same_size_stops_before_i
         other = f.read()
     assert len(other) == os.path.getsize(os.path.join(local, "train", "b", "0.png"))
     out = str(tmp_path / "o")
-    proc = started_training(url, out, epochs=3)
+    proc = started_training(out, "--data", url, "--epochs", "3")
     s3.client.put_object(Bucket="bkt", Key="folder-replaced-mid-run/train/b/0.png", Body=other)
     epochs_before = len(records(out, "epoch"))
     _, stderr = proc.communicate(timeout=300)

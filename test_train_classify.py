@@ -68,6 +68,24 @@ def assert_one_line_error(proc, *needles):
         assert needle in errors[0], errors[0]
 
 
+def started_training(out, *flags):
+    """The trainer with ``flags`` and TINY's into ``out``, in the background (its stderr piped),
+    once it has logged a training step."""
+    proc = subprocess.Popen(
+        [sys.executable, SCRIPT, *flags, *TINY, "--output-dir", out],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=CPU_ENV,
+        cwd=HERE,
+    )
+    deadline = time.time() + 300
+    while not (os.path.exists(os.path.join(out, "metrics.jsonl")) and records(out, "train")):
+        assert proc.poll() is None and time.time() < deadline, proc.stderr.read()
+        time.sleep(0.01)
+    return proc
+
+
 def tiny_imagefolder(root, train=("a", "b"), val=("a", "b"), per_class=3, size=(40, 40)):
     """Solid-colour PNGs: image i of class k is (40 k + 10 i, 90, 160), so any crop says which it was."""
     for split, classes in (("train", train), ("val", val)):
@@ -2603,19 +2621,7 @@ def test_an_image_changed_while_the_run_trains_stops_it_before_its_epoch_is_save
     root = tiny_imagefolder(str(tmp_path / "d"), per_class=20)
     bad = os.path.join(root, "train", "b", "7.png")
     out = str(tmp_path / "o")
-    flags = ["--epochs", "3", "--print-freq", "1", "--output-dir", out]
-    proc = subprocess.Popen(
-        [sys.executable, SCRIPT, "--data", root, *TINY, *flags],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=CPU_ENV,
-        cwd=HERE,
-    )
-    deadline = time.time() + 300
-    while not (os.path.exists(os.path.join(out, "metrics.jsonl")) and records(out, "train")):
-        assert proc.poll() is None and time.time() < deadline, proc.stderr.read()
-        time.sleep(0.01)
+    proc = started_training(out, "--data", root, "--epochs", "3", "--print-freq", "1")
     with open(bad, "rb") as f:
         data = f.read()
     with open(bad, "wb") as f:
