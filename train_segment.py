@@ -245,6 +245,7 @@ from data_sources import (
     DataError,
     check_finite_pixels,
     check_segmentation_files,
+    check_unchanged,
     data_digest,
     decode_errors_named,
     first_gone,
@@ -253,7 +254,6 @@ from data_sources import (
     read_split,
     remote,
     scan_masks,
-    unchanged,
     watch,
 )
 from outputs import atomic_open
@@ -561,8 +561,9 @@ def main(args):
         first_step, loss_sum = 0, 0.0
         if world.distributed:
             training.sync_buffers(state["model"], state["model_ema"])
-        with unchanged(data.watched):  # an object replaced under the run: stop before it is saved
-            metrics, first = validate(state, data, args, world, step_log)
+        metrics, first = validate(state, data, args, world, step_log)
+        if data.watched:  # an s3:// object replaced under the run: stop before the epoch is saved
+            check_unchanged(data.watched)
         path = checkpoints.save(epoch, data.steps, score=metrics["val_dice"])
         if world.main:
             save_overlay(
