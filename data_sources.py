@@ -18,6 +18,7 @@ import io
 import itertools
 import json
 import math
+import multiprocessing
 import os
 import random
 import re
@@ -31,7 +32,8 @@ import threading
 import time
 import warnings
 import zipfile
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 
 import google_crc32c
 import numpy as np
@@ -91,6 +93,9 @@ HEAD_THREADS = 16
 SLOW_HEAD = 100e-6
 # A set of this many images takes a while to check, a file read each: a line says so first.
 LONG_CHECK = 100_000
+# Files a process stats, at least, where a start looks for the files changed since its check
+# (file_stamps): a resume of a large set shares them among the cores.
+STAT_SHARE = 100_000
 # TensorFlow's shard names (train-00000-of-01024) have no extension; other writers use .tfrecord.
 TFRECORD_NAME = re.compile(r"[^.].*-\d{5}-of-\d{5}|[^.].*\.tfrecords?")
 TFRECORD_FEATURES = {
@@ -948,9 +953,34 @@ def unchanged_heads(cache, files, rels):
 
 def file_stamps(files):
     """The (size, modification time in ns) row of each of the local ``files``, int64; (-1, -1)
-    where one is gone or unreadable. Filled a file at a time: no tuple a file is kept."""
-    rows = np.fromiter(map(_stat, files), np.dtype((np.int64, 2)), len(files))
-    return rows.reshape(-1, 2)
+    where one is gone or unreadable. Many files are shared among forked processes, one a core
+    (STAT_SHARE files or more each): threads would only queue for the GIL, which each stat gives
+    up and takes back."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
+    parts = min(cores, len(files) // STAT_SHARE)
+    if parts < 2 or multiprocessing.current_process().daemon:  # a pool's worker may not fork
+        return _stamps(files)
+    cuts = [len(files) * k // parts for k in range(parts + 1)]
+    # forked, the processes have the list already: sent to them, it would cost what they save
+    fork = multiprocessing.get_context("fork")
+    try:
+        with ProcessPoolExecutor(parts, fork, _keep_files, (files,)) as pool:
+            return np.concatenate(list(pool.map(_stamps_between, cuts[:-1], cuts[1:])))
+    except BrokenProcessPool:  # one was killed (out of memory): the stat is done here instead
+        return _stamps(files)
+
+
+def _stamps(files):  # a file at a time: no tuple a file is kept
+    return np.fromiter(map(_stat, files), np.dtype((np.int64, 2)), len(files)).reshape(-1, 2)
+
+
+def _keep_files(files):  # in each of file_stamps' processes
+    global _STAMPED
+    _STAMPED = files
+
+
+def _stamps_between(start, stop):
+    return _stamps(_STAMPED[start:stop])
 
 
 def _stat(path):

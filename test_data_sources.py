@@ -679,6 +679,36 @@ def test_the_check_reads_in_threads_only_where_reads_are_slow(tmp_path, monkeypa
     assert (main not in threads[1024:]) if slow else set(threads) == {main}
 
 
+def killed(*args):
+    os._exit(9)
+
+
+def test_many_files_are_stamped_by_several_processes_in_order(tmp_path, monkeypatch):
+    """A start's stat of many files (file_stamps, which tells a file changed since its check) is
+    shared among forked processes, a core each: every file's row where it was, a file gone (-1,
+    -1); fewer than STAT_SHARE files a process are stamped here alone."""
+    files = []
+    for k in range(9):
+        files.append(str(tmp_path / f"{k}.jpg"))
+        (tmp_path / f"{k}.jpg").write_bytes(b"x" * k)
+    files.insert(5, str(tmp_path / "gone.jpg"))
+    rows = [(k, os.stat(files[k + (k >= 5)]).st_mtime_ns) for k in range(9)]
+    expected = np.array(rows[:5] + [(-1, -1)] + rows[5:], np.int64)
+    assert data_sources.file_stamps(files).tolist() == expected.tolist()  # 10 files: here alone
+    monkeypatch.setattr(data_sources, "STAT_SHARE", 3)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})  # any machine: 3 parts
+    assert data_sources.file_stamps(files).tolist() == expected.tolist()
+    with monkeypatch.context() as m:  # a process killed (out of memory): stamped here instead
+        m.setattr(data_sources, "_stamps_between", killed)
+        assert data_sources.file_stamps(files).tolist() == expected.tolist()
+    # which process stamped each file: not this one; each third of the list, one process
+    stat = data_sources._stat
+    monkeypatch.setattr(data_sources, "_stat", lambda path: (stat(path)[0], os.getpid()))
+    pids = data_sources.file_stamps(files)[:, 1].tolist()
+    assert os.getpid() not in pids
+    assert [len(set(pids[a:b])) for a, b in [(0, 3), (3, 6), (6, 10)]] == [1, 1, 1]
+
+
 def noise_jpeg(path, **save):
     pixels = np.random.default_rng(2).integers(0, 256, (64, 64, 3), np.uint8)
     Image.fromarray(pixels).save(path, quality=95, **save)
