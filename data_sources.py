@@ -798,11 +798,14 @@ def check_image_heads(files, where):
 
 def _all_heads(pool, chunks):
     """_head of each file of ``chunks``, in order: chunk by chunk in this thread while each file
-    takes less than SLOW_HEAD, then the rest in ``pool``'s threads, whose reads overlap."""
+    takes less than SLOW_HEAD, then the rest in ``pool``'s threads, whose reads overlap, after two
+    slow chunks in a row (one alone may be a pause: the first chunk's imports, a collection)."""
+    slow = 0
     for k, chunk in enumerate(chunks):
         clock = time.perf_counter()
         yield from _heads(chunk)
-        if time.perf_counter() - clock > SLOW_HEAD * len(chunk):
+        slow = slow + 1 if time.perf_counter() - clock > SLOW_HEAD * len(chunk) else 0
+        if slow == 2:
             yield from itertools.chain.from_iterable(pool.map(_heads, chunks[k + 1 :]))
             return
 

@@ -651,13 +651,14 @@ def test_a_long_header_check_says_so_in_one_line_first(solid_folder, monkeypatch
     assert capsys.readouterr() == ("", f"{solid_folder}: checking 21 images' first bytes\n")
 
 
-@pytest.mark.parametrize("slow", [False, True])
+@pytest.mark.parametrize("slow", ["never", "always", "one pause"])
 def test_the_check_reads_in_threads_only_where_reads_are_slow(tmp_path, monkeypatch, slow):
     """Files read faster than SLOW_HEAD each are read by the calling thread alone (threads would
-    only wait for the GIL); after the first chunk read slower, the rest are read in threads. The
-    verdicts are the same: the first bad file, in order, named."""
+    only wait for the GIL); after two chunks in a row read slower, the rest are read in threads,
+    not after one pause alone. The verdicts are the same: the first bad file, in order, named."""
     monkeypatch.setattr(data_sources, "HEAD_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(data_sources, "SLOW_HEAD", 0.0 if slow else 10.0)
+    # a chunk of 1,024 files is slow past 1 s (one pause), at once (always) or never
+    monkeypatch.setattr(data_sources, "SLOW_HEAD", dict(never=10.0, always=0.0).get(slow, 1e-3))
     buf = io.BytesIO()
     Image.new("RGB", (8, 8), (200, 10, 10)).save(buf, format="JPEG")
     (tmp_path / "c").mkdir()
@@ -669,14 +670,19 @@ def test_the_check_reads_in_threads_only_where_reads_are_slow(tmp_path, monkeypa
         with open(files[k], "wb") as out:
             out.write(b"not an image")
     threads, head = [], data_sources._head
-    monkeypatch.setattr(
-        data_sources, "_head", lambda path: threads.append(threading.get_ident()) or head(path)
-    )
+
+    def spied(path):
+        if slow == "one pause" and path == files[0]:
+            time.sleep(1.5)
+        threads.append(threading.get_ident())
+        return head(path)
+
+    monkeypatch.setattr(data_sources, "_head", spied)
     with pytest.raises(DataError, match=f"^{re.escape(files[2100])}: cannot decode this image"):
         data_sources.check_image_heads(files, str(tmp_path))
     main = threading.get_ident()
-    assert threads[:1024] == [main] * 1024  # the first chunk, always here
-    assert (main not in threads[1024:]) if slow else set(threads) == {main}
+    assert threads[:2048] == [main] * 2048  # the first two chunks, always here
+    assert (main not in threads[2048:]) if slow == "always" else set(threads) == {main}
 
 
 def killed(*args):
