@@ -2,6 +2,7 @@
 # The share rows on one GPU, medians of three (issue 70.5), from a copy of the project (the run
 # tool lays the tree anew at each call), once DALI is up (/tmp/site):
 #   cp -r . /tmp/proj && cd /tmp/proj && setsid nohup bash results/h100-2026-12-06-share/share_rows.sh /tmp/shareout &
+# Names after DEST (resnet50 resnet18 deeplabv3 lraspp) run only those sets.
 # Each set is one share.py (three rounds; a round runs --loader synthetic and each variant in
 # turn), its log and JSON in DEST, in this order: ResNet-50 and ResNet-18 (the decoder cache on, the
 # default, and off), DeepLabV3- and LRASPP-MobileNetV3-Large (CUDA graphs, their default on one GPU).
@@ -9,17 +10,22 @@
 set -uo pipefail
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
 dest=$1
+shift
+sets=${*:-resnet50 resnet18 deeplabv3 lraspp}
 mkdir -p "$dest"
 root=/tmp/share-data
-if [ ! -d $root/train/class00 ]; then
+if [[ $sets == *resnet* && ! -d $root/train/class00 ]]; then
   set=$(python3 -c "import bench; a = bench.parse_args(['--num-images', '8192', '--cache-dir', '/tmp/bench']); print(bench.jpeg_set(a)[0])" | tail -1)
   mkdir -p $root/val && ln -s "$set" $root/train && ln -s "$set/class00" $root/val/class00
 fi
-[ -d /tmp/seg/csv_file ] || python3 data_processing.py /tmp/segpng /tmp/seg --demo --demo-per-group 500 --demo-size 512 | tail -n 1
+if [[ ($sets == *deeplabv3* || $sets == *lraspp*) && ! -d /tmp/seg/csv_file ]]; then
+  python3 data_processing.py /tmp/segpng /tmp/seg --demo --demo-per-group 500 --demo-size 512 | tail -n 1
+fi
 common=(--amp bf16 --channels-last --print-freq 8)
 share() {  # name, share.py's flags and the trainer's
   local name=$1
   shift
+  [[ " $sets " == *" $name "* ]] || return 0
   echo "$(date -u +%H:%M:%S) $name" >> "$dest/times.txt"
   python3 share.py --runs 3 --json "$dest/share-$name.json" "$@" 2>&1 \
     | grep -v "^Epoch\|^W\|warn\|^train: \|^val: " > "$dest/share-$name.log"
