@@ -3,7 +3,8 @@ flag needs beside the trainer (require).
 
 Only the standard library is imported here: the trainers read their flags before torch and DALI
 load, so that ``--help`` and a bad flag answer at once. Each trainer adds its own flags (data,
-model, loss) and its defaults (``parser.set_defaults``) around these.
+model, loss) and its defaults (``parser.set_defaults``) around these. One setting is made here
+because torch reads it as it loads: OpenMP's wait policy (below).
 """
 
 import argparse
@@ -12,6 +13,12 @@ import importlib.util
 import math
 import os
 import sys
+
+# On the CPU, torch keeps its own threads, a core each, beside DALI's (training.share_cpu_threads).
+# An idle OpenMP thread then sleeps instead of spinning: it gives its core back at once to DALI's
+# threads and to other work on the machine, where spinning threads slowed a loaded machine's run
+# twofold. OpenMP reads this once, as torch loads: the trainers import this module first.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
 def number(kind, allowed, ok):

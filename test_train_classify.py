@@ -1937,20 +1937,25 @@ def test_a_run_from_before_lr_base_resumes_at_the_rate_it_trained_with(tmp_path)
     assert max((a[k].double() - b[k].double()).abs().max().item() for k in a) <= 1e-6
 
 
-@pytest.mark.parametrize("omp", [None, "2"])
-def test_a_cpu_run_shares_the_cores_between_torch_and_dali(tmp_path, omp):
-    """torch's threads are the cores this process may use less DALI's -j, at least 1; an
-    OMP_NUM_THREADS the user set stays torch's. One line says the split."""
-    env = {k: v for k, v in CPU_ENV.items() if k != "OMP_NUM_THREADS"}
-    cores = len(os.sched_getaffinity(0))
-    if omp:
-        env["OMP_NUM_THREADS"] = omp
-    torch_threads = int(omp) if omp else max(1, cores - 1)
+@pytest.mark.parametrize("user", [False, True])
+def test_a_cpu_run_gives_torch_its_threads_and_lets_idle_ones_sleep(tmp_path, user):
+    """torch keeps its own threads beside DALI's -j (the user's OMP_NUM_THREADS, else torch's
+    default), and OpenMP's idle threads sleep (OMP_WAIT_POLICY PASSIVE, in place as torch loads)
+    unless the user set a policy. One line says the split."""
+    env = {k: v for k, v in CPU_ENV.items() if k not in ("OMP_NUM_THREADS", "OMP_WAIT_POLICY")}
+    if user:
+        env.update(OMP_NUM_THREADS="3", OMP_WAIT_POLICY="ACTIVE")
+    ask = [sys.executable, "-c", "import torch; print(torch.get_num_threads())"]
+    torch_threads = int(subprocess.run(ask, env=env, capture_output=True, text=True).stdout)
     root = tiny_imagefolder(str(tmp_path / "d"))
-    proc = tiny_run(root, str(tmp_path / "o"), env=env)
+    # OpenMP prints the settings it started with, as torch loads it
+    proc = tiny_run(root, str(tmp_path / "o"), env=dict(env, OMP_DISPLAY_ENV="TRUE"))
+    cores = len(os.sched_getaffinity(0))
     assert [line for line in proc.stdout.splitlines() if line.startswith("cpu_threads:")] == [
         f"cpu_threads: torch {torch_threads}  dali 1  cores {cores}"
     ]
+    policy = "ACTIVE" if user else "PASSIVE"
+    assert f"OMP_WAIT_POLICY = '{policy}'" in proc.stderr
 
 
 def test_bare_amp_is_the_devices_default_and_every_record_has_a_time(tmp_path):

@@ -159,13 +159,11 @@ def join_process_group(world):
 
 
 def share_cpu_threads(args):
-    """A CPU-only run: torch's threads and DALI's -j share the cores this process may use; torch
-    would take one thread per core beside DALI's, and threads that wait for each other's cores slow
-    both. An OMP_NUM_THREADS the user (or torchrun) set stays torch's. Returns the split's record,
-    for the run's log."""
+    """A CPU-only run: torch keeps its own threads (a core each, or OMP_NUM_THREADS), beside DALI's
+    -j. A core kept for DALI alone sat idle wherever DALI keeps up with the model; torch's idle
+    threads sleep instead (flags.py sets OpenMP's wait policy), so the two share every core, and
+    other work on the machine too. Returns the split's record, for the run's log."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    if "OMP_NUM_THREADS" not in os.environ:
-        torch.set_num_threads(max(1, (cores or 1) - args.workers))
     return dict(type="cpu_threads", torch=torch.get_num_threads(), dali=args.workers, cores=cores)
 
 
