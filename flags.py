@@ -14,10 +14,10 @@ import math
 import os
 import sys
 
-# On the CPU, torch keeps its own threads, a core each, beside DALI's (training.share_cpu_threads).
-# An idle OpenMP thread then sleeps instead of spinning: it gives its core back at once to DALI's
-# threads and to other work on the machine, where spinning threads slowed a loaded machine's run
-# twofold. OpenMP reads this once, as torch loads: the trainers import this module first.
+# On the CPU, torch keeps its own threads, a core each, beside DALI's (training.cpu_threads). An
+# idle OpenMP thread then sleeps instead of spinning: it gives its core back at once to DALI's
+# threads and to other work on the machine, which spinning threads held on a loaded machine.
+# OpenMP reads this once, as torch loads: the trainers import this module first.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 

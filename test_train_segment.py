@@ -186,7 +186,7 @@ def tiny(root, *flags, out=None):
 
 def test_lr_is_the_rate_itself_and_a_cpu_run_shares_the_cores(tmp_path):
     """--lr as torchvision's, not scaled by the batch; one line gives torch's threads and DALI's
-    -j (training.share_cpu_threads, as train_classify.py's test checks in full)."""
+    -j (training.cpu_threads, as train_classify.py's test checks in full)."""
     proc = tiny(prepared_root(str(tmp_path / "p")), "--lr", "0.5")
     assert proc.returncode == 0, proc.stderr
     assert "config: lr 0.5  lr_from --lr 0.5  " in proc.stdout

@@ -66,7 +66,7 @@ class World:
     size: int = 1
     distributed: bool = False
     device: torch.device = torch.device("cpu")
-    cpu_threads: dict = None  # a CPU run's split of the cores (share_cpu_threads), for its log
+    cpu_threads: dict = None  # a CPU run's split of the cores (cpu_threads), for its log
 
     @property
     def main(self):
@@ -109,7 +109,7 @@ def setup(args, gpu_compile_mode="default"):
     if args.sync_bn and not cuda and not args.evaluate:
         raise UsageError("--sync-bn: SyncBatchNorm trains on CUDA devices only")
     if not cuda:
-        world.cpu_threads = share_cpu_threads(args)  # prepare_model logs it, in the run's log
+        world.cpu_threads = cpu_threads(args)  # prepare_model logs it, in the run's log
     if world.distributed:
         join_process_group(world)
     return world
@@ -158,7 +158,7 @@ def join_process_group(world):
     )
 
 
-def share_cpu_threads(args):
+def cpu_threads(args):
     """A CPU-only run: torch keeps its own threads (a core each, or OMP_NUM_THREADS), beside DALI's
     -j. A core kept for DALI alone sat idle wherever DALI keeps up with the model; torch's idle
     threads sleep instead (flags.py sets OpenMP's wait policy), so the two share every core, and
