@@ -19,7 +19,10 @@ if [[ $sets == *resnet* && ! -d $root/train/class00 ]]; then
   mkdir -p $root/val && ln -s "$set" $root/train && ln -s "$set/class00" $root/val/class00
 fi
 if [[ ($sets == *deeplabv3* || $sets == *lraspp*) && ! -d /tmp/seg/csv_file ]]; then
-  python3 data_processing.py /tmp/segpng /tmp/seg --demo --demo-per-group 500 --demo-size 512 | tail -n 1
+  # the PNGs of `data_processing.py /tmp/segpng --demo --demo-per-group 500 --demo-size 512`, drawn
+  # in a process per core; then data_processing.py converts and splits them as with --demo
+  python3 results/h100-2026-12-06-share/draw_demo.py /tmp/segpng 500 512
+  python3 data_processing.py /tmp/segpng /tmp/seg | tail -n 1
 fi
 common=(--amp bf16 --channels-last --print-freq 8)
 share() {  # name, share.py's flags and the trainer's
