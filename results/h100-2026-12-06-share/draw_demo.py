@@ -7,18 +7,13 @@ import multiprocessing
 import os
 import sys
 
-import numpy as np
-
 sys.path.insert(0, os.getcwd())
 import data_processing as dp  # noqa: E402
 
 
 def draw(root, size, group, i):
-    image, mask = dp._demo_scene(np.random.default_rng([0, group, i]), size, size)
-    for kind, picture in (("Images", image), ("Masks", mask)):
-        path = os.path.join(root, kind, str(group), f"{i:03d}.png")
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        picture.save(path, "PNG", compress_level=1)
+    for name, data in dp.demo_pair(group, i, (size, size)).items():
+        dp._write_atomic(os.path.join(root, name), data)
 
 
 if __name__ == "__main__":
