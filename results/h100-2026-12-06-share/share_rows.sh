@@ -2,8 +2,7 @@
 # The share rows on one GPU, medians of three (issue 70.5), from a copy of the project (the run
 # tool lays the tree anew at each call), once DALI is up (/tmp/site):
 #   cp -r . /tmp/proj && cd /tmp/proj && setsid nohup bash results/h100-2026-12-06-share/share_rows.sh /tmp/shareout &
-# Names after DEST (resnet50 resnet18 deeplabv3 lraspp) run only those sets; SEG_EPOCHS (24) sets
-# the segmentation runs' epochs.
+# Names after DEST (resnet50 resnet18 deeplabv3 lraspp) run only those sets.
 # Each set is one share.py (three rounds; a round runs --loader synthetic and each variant in
 # turn), its log and JSON in DEST, in this order: ResNet-50 and ResNet-18 (the decoder cache on, the
 # default, and off), DeepLabV3- and LRASPP-MobileNetV3-Large (CUDA graphs, their default on one GPU).
@@ -39,8 +38,8 @@ share resnet50 --variant "--decoder-cache off" -- train_classify.py --data $root
 share resnet18 --variant "--decoder-cache off" -- train_classify.py --data $root -b 256 \
   --arch resnet18 --epochs 44 "${common[@]}"
 share deeplabv3 -- train_segment.py --data /tmp/seg --size 384 -b 32 \
-  --arch deeplabv3_mobilenet_v3_large --epochs "${SEG_EPOCHS:-24}" "${common[@]}"
+  --arch deeplabv3_mobilenet_v3_large --epochs 24 "${common[@]}"
 share lraspp -- train_segment.py --data /tmp/seg --size 384 -b 32 \
-  --arch lraspp_mobilenet_v3_large --epochs "${SEG_EPOCHS:-24}" "${common[@]}"
+  --arch lraspp_mobilenet_v3_large --epochs 24 "${common[@]}"
 echo "$(date -u +%H:%M:%S) done" >> "$dest/times.txt"
 nvidia-smi --query-gpu=name,clocks.sm,temperature.gpu --format=csv,noheader >> "$dest/times.txt"
